@@ -1,0 +1,327 @@
+"""The run store: one SQLite database (WAL) per run, with a versioned schema and forward migrations.
+
+Writers in several threads (the gateway, the runner) and processes (a resumed run) share it safely:
+each RunStore serialises its own writes behind a lock, and SQLite's WAL and busy timeout do the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rl_backend.store.records import CallRecord, FailureKind, RewardSource, Rollout, RolloutStatus
+
+# Each entry moves the schema from version i to i+1. Never edit a shipped entry: append a new one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE variants (
+        name TEXT PRIMARY KEY,
+        hash TEXT NOT NULL,
+        knobs TEXT NOT NULL
+    );
+    CREATE TABLE rollouts (
+        id TEXT PRIMARY KEY,
+        key TEXT NOT NULL,
+        variant TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        split TEXT,
+        seed INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        reward REAL,
+        reward_source TEXT NOT NULL DEFAULT 'none',
+        grader_detail TEXT,
+        failure TEXT,
+        error TEXT,
+        exit_code INTEGER,
+        started_at REAL,
+        ended_at REAL,
+        stdout_tail TEXT,
+        stderr_tail TEXT,
+        output TEXT,
+        UNIQUE (key, attempt)
+    );
+    CREATE INDEX rollouts_key ON rollouts (key);
+    CREATE TABLE calls (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        call_id TEXT NOT NULL UNIQUE,
+        rollout_id TEXT,
+        api TEXT NOT NULL,
+        upstream TEXT NOT NULL,
+        request_model TEXT,
+        model TEXT,
+        request TEXT NOT NULL,
+        response TEXT,
+        stream INTEGER NOT NULL,
+        status_code INTEGER,
+        error TEXT,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        cached_tokens INTEGER,
+        reasoning_tokens INTEGER,
+        cost_usd REAL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        latency_s REAL,
+        ttft_s REAL,
+        prompt_token_ids TEXT,
+        completion_token_ids TEXT,
+        logprobs TEXT,
+        model_version TEXT,
+        knobs_applied TEXT
+    );
+    CREATE INDEX calls_rollout ON calls (rollout_id);
+    CREATE TABLE reported_rewards (
+        rollout_id TEXT PRIMARY KEY,
+        reward REAL NOT NULL,
+        detail TEXT,
+        reported_at REAL NOT NULL
+    );
+    """,
+]
+
+_ROLLOUT_JSON = ("grader_detail",)
+_CALL_JSON = ("request", "response", "prompt_token_ids", "completion_token_ids", "logprobs", "knobs_applied")
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class RunStore:
+    """A handle on one run's `store.sqlite`. Safe to share between threads of one process."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL keeps every committed row across a kill -9 of this process (the WAL is written, not fsynced).
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    # -- schema -------------------------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        with self._lock:
+            current = self.schema_version
+            if current > len(MIGRATIONS):
+                raise StoreError(
+                    f"{self.path} has schema version {current}, newer than this agl understands "
+                    f"({len(MIGRATIONS)}); upgrade agl to read it."
+                )
+            for version in range(current, len(MIGRATIONS)):
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    # Another process may have migrated between our read and our lock.
+                    if self.schema_version > version:
+                        self._conn.execute("COMMIT")
+                        continue
+                    for statement in MIGRATIONS[version].split(";"):
+                        if statement.strip():
+                            self._conn.execute(statement)
+                    self._conn.execute(f"PRAGMA user_version={version + 1}")
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- meta and variants ---------------------------------------------------------------------------------------
+
+    def set_meta(self, key: str, value: Any) -> None:
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row["value"])
+
+    def upsert_variant(self, name: str, hash_: str, knobs: dict[str, Any]) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO variants (name, hash, knobs) VALUES (?, ?, ?)", (name, hash_, json.dumps(knobs))
+            )
+
+    def variants(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT name, hash, knobs FROM variants ORDER BY rowid").fetchall()
+        return {r["name"]: {"hash": r["hash"], "knobs": json.loads(r["knobs"])} for r in rows}
+
+    # -- rollouts ------------------------------------------------------------------------------------------------
+
+    def put_rollout(self, rollout: Rollout) -> None:
+        data = rollout.model_dump(mode="json")
+        for name in _ROLLOUT_JSON:
+            data[name] = _dumps(data[name])
+        columns = ", ".join(data)
+        marks = ", ".join("?" for _ in data)
+        with self.transaction() as conn:
+            conn.execute(f"INSERT OR REPLACE INTO rollouts ({columns}) VALUES ({marks})", tuple(data.values()))
+
+    def _row_to_rollout(self, row: sqlite3.Row) -> Rollout:
+        data = dict(row)
+        for name in _ROLLOUT_JSON:
+            data[name] = json.loads(data[name]) if data[name] is not None else None
+        return Rollout.model_validate(data)
+
+    def rollouts(self, *, variant: str | None = None, latest_only: bool = False) -> list[Rollout]:
+        """All rollout attempts in creation order; with latest_only, only the newest attempt of each key."""
+        query = "SELECT * FROM rollouts"
+        args: tuple[Any, ...] = ()
+        if variant is not None:
+            query += " WHERE variant = ?"
+            args = (variant,)
+        query += " ORDER BY rowid"
+        with self._lock:
+            rows = self._conn.execute(query, args).fetchall()
+        result = [self._row_to_rollout(r) for r in rows]
+        if latest_only:
+            newest: dict[str, Rollout] = {}
+            for r in result:
+                if r.key not in newest or r.attempt > newest[r.key].attempt:
+                    newest[r.key] = r
+            result = list(newest.values())
+        return result
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+        return None if row is None else self._row_to_rollout(row)
+
+    def mark_interrupted(self) -> int:
+        """Rollouts left queued or running by a process that died become cancelled; returns how many."""
+        with self.transaction() as conn:
+            cur = conn.execute(
+                "UPDATE rollouts SET status = ?, failure = ?, error = ?, ended_at = COALESCE(ended_at, ?) "
+                "WHERE status IN (?, ?)",
+                (
+                    RolloutStatus.cancelled.value,
+                    FailureKind.interrupted.value,
+                    "the run was interrupted before this attempt finished",
+                    time.time(),
+                    RolloutStatus.queued.value,
+                    RolloutStatus.running.value,
+                ),
+            )
+            return cur.rowcount
+
+    # -- rewards reported by agents ----------------------------------------------------------------------------
+
+    def report_reward(self, rollout_id: str, reward: float, detail: dict[str, Any] | None = None) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO reported_rewards (rollout_id, reward, detail, reported_at) VALUES (?, ?, ?, ?)",
+                (rollout_id, float(reward), _dumps(detail), time.time()),
+            )
+
+    def reported_reward(self, rollout_id: str) -> tuple[float, dict[str, Any] | None] | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT reward, detail FROM reported_rewards WHERE rollout_id = ?", (rollout_id,)
+            ).fetchone()
+        if row is None:
+            return None
+        return float(row["reward"]), (json.loads(row["detail"]) if row["detail"] else None)
+
+    # -- model calls ---------------------------------------------------------------------------------------------
+
+    def insert_calls(self, records: Iterable[CallRecord]) -> None:
+        """Insert calls in one transaction; a call id seen before is ignored (retried writes are harmless)."""
+        rows = []
+        for record in records:
+            data = record.model_dump(mode="json")
+            for name in _CALL_JSON:
+                data[name] = _dumps(data[name])
+            data["stream"] = int(record.stream)
+            rows.append(data)
+        if not rows:
+            return
+        columns = list(rows[0])
+        sql = f"INSERT OR IGNORE INTO calls ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
+        with self.transaction() as conn:
+            conn.executemany(sql, [tuple(r[c] for c in columns) for r in rows])
+
+    def insert_call(self, record: CallRecord) -> None:
+        self.insert_calls([record])
+
+    def calls(self, rollout_id: str | None = None) -> list[CallRecord]:
+        query = "SELECT * FROM calls"
+        args: tuple[Any, ...] = ()
+        if rollout_id is not None:
+            query += " WHERE rollout_id = ?"
+            args = (rollout_id,)
+        query += " ORDER BY seq"
+        with self._lock:
+            rows = self._conn.execute(query, args).fetchall()
+        result = []
+        for row in rows:
+            data = dict(row)
+            data.pop("seq")
+            for name in _CALL_JSON:
+                data[name] = json.loads(data[name]) if data[name] is not None else None
+            if data["knobs_applied"] is None:
+                data["knobs_applied"] = {}
+            if data["request"] is None:
+                data["request"] = {}
+            data["stream"] = bool(data["stream"])
+            result.append(CallRecord.model_validate(data))
+        return result
+
+    def call_totals_by_rollout(self) -> dict[str, dict[str, float]]:
+        """Per rollout: number of calls, input/output tokens and cost, summed in SQL."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT rollout_id, COUNT(*) AS n, COALESCE(SUM(input_tokens), 0) AS input_tokens, "
+                "COALESCE(SUM(output_tokens), 0) AS output_tokens, COALESCE(SUM(cost_usd), 0.0) AS cost_usd "
+                "FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id"
+            ).fetchall()
+        return {
+            r["rollout_id"]: {
+                "calls": r["n"],
+                "input_tokens": r["input_tokens"],
+                "output_tokens": r["output_tokens"],
+                "cost_usd": r["cost_usd"],
+            }
+            for r in rows
+        }
+
+    def count_calls(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+
+
+__all__ = ["RunStore", "StoreError", "MIGRATIONS", "RewardSource"]
