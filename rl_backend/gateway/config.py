@@ -1,0 +1,56 @@
+"""Upstream definitions: where model names are served. Shared by `agl.yaml` (agl_cli.spec) and the gateway."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible"]
+
+
+class UpstreamSpec(BaseModel):
+    """One entry of `upstreams:` in agl.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: UpstreamKind
+    model: str | None = Field(default=None, description="embedded: the model to load (a known name or a local HF dir)")
+    base_url: str | None = None
+    base_urls: list[str] | None = None
+    api_key_env: str | None = None
+    timeout_s: float = 600.0
+
+    @model_validator(mode="after")
+    def _check(self) -> UpstreamSpec:
+        if self.kind == "embedded" and not self.model:
+            raise ValueError("an embedded upstream needs `model` (for example smollm2-135m-instruct)")
+        if self.kind == "openai-compatible" and not (self.base_url or self.base_urls):
+            raise ValueError("an openai-compatible upstream needs `base_url` or `base_urls`")
+        if self.base_url and self.base_urls:
+            raise ValueError("give either `base_url` or `base_urls`, not both")
+        return self
+
+    def urls(self) -> list[str]:
+        if self.base_urls:
+            return list(self.base_urls)
+        if self.base_url:
+            return [self.base_url]
+        if self.kind == "openai":
+            return ["https://api.openai.com/v1"]
+        if self.kind == "anthropic":
+            return ["https://api.anthropic.com"]
+        return []
+
+
+class ResolvedUpstream(BaseModel):
+    """An upstream the gateway can call now: embedded ones resolved to the URL of their running server."""
+
+    name: str
+    api: Literal["openai", "anthropic"]
+    base_urls: list[str]
+    api_key: str | None = Field(default=None, repr=False)
+    default_model: str | None = None
+    timeout_s: float = 600.0
+    # vLLM-style servers (vLLM itself, the embedded server) return token ids and logprobs when asked.
+    returns_token_ids: bool = False
