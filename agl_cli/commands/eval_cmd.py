@@ -1,0 +1,203 @@
+"""`agl eval`: run an unchanged agent over a task set, every model call through the gateway, and summarise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from agl_cli.cli_support import handle_errors
+
+if TYPE_CHECKING:
+    from agl_cli.evaluation import PlannedRollout
+    from agl_cli.rundir import RunDir
+    from agl_cli.spec import ExperimentSpec
+    from agl_cli.variants import Variant
+
+
+def _prepare_new(
+    config: Path, variant_names: list[str], limit: int | None, seeds: int | None, split: str | None,
+    runs_dir: Path | None,
+) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
+    from agl_cli.errors import UsageError
+    from agl_cli.evaluation import make_plan
+    from agl_cli.rundir import RunDir, git_sha, runs_root
+    from agl_cli.spec import load_spec
+    from agl_cli.tasks import load_tasks, select_tasks, task_set_hash
+    from agl_cli.variants import baseline, parse_variant
+
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    spec = load_spec(config)
+    tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
+    variants = [parse_variant(spec, name) for name in variant_names] or [baseline(spec)]
+    unique = {v.name: v for v in variants}
+    variants = list(unique.values())
+    seed_count = seeds if seeds is not None else spec.seeds
+    if seed_count < 1:
+        raise UsageError(f"--seeds must be at least 1, got {seed_count}")
+    plan = make_plan(variants, tasks, seed_count)
+    spec_path = config / "agl.yaml" if config.is_dir() else config
+    run = RunDir.create(
+        runs_root(runs_dir),
+        spec_data=spec.model_dump(mode="json", exclude_none=True),
+        manifest={
+            "kind": "eval",
+            "spec_path": str(spec_path.resolve()),
+            "spec_name": spec.name,
+            "git_sha": git_sha(spec.base_dir),
+            "split": split,
+            "limit": limit,
+            "seeds": seed_count,
+            "variants": [{"name": v.name, "settings": v.settings, "hash": v.hash} for v in variants],
+            "task_ids": [t.id for t in tasks],
+            "tasks_hash": task_set_hash(tasks),
+            "agl_version": _version(),
+            "status": "running",
+        },
+    )
+    return spec, run, variants, plan
+
+
+def _prepare_resume(
+    reference: str, runs_dir: Path | None
+) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
+    from agl_cli.errors import UsageError
+    from agl_cli.evaluation import make_plan
+    from agl_cli.rundir import find_run
+    from agl_cli.spec import load_spec
+    from agl_cli.tasks import load_tasks
+    from agl_cli.variants import make_variant
+
+    run = find_run(reference, runs_dir)
+    manifest = run.manifest()
+    spec = load_spec(Path(manifest["spec_path"]))
+    by_id = {t.id: t for t in load_tasks(spec)}
+    missing = [tid for tid in manifest["task_ids"] if tid not in by_id]
+    if missing:
+        raise UsageError(
+            f"run {run.run_id} used tasks that are no longer in {spec.tasks.path}: {', '.join(missing[:5])}",
+            hint="restore the task file, or start a new run",
+        )
+    variants = [make_variant(spec, v["settings"]) for v in manifest["variants"]]
+    changed = [v.name for v, old in zip(variants, manifest["variants"], strict=True) if v.hash != old["hash"]]
+    if changed:
+        raise UsageError(
+            f"run {run.run_id}: variant {changed[0]} is no longer what it was (a prompt file or knob changed)",
+            hint="resuming would mix two different variants; start a new run",
+        )
+    tasks = [by_id[tid] for tid in manifest["task_ids"]]
+    return spec, run, variants, make_plan(variants, tasks, int(manifest["seeds"]))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def execute_eval(
+    spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool
+) -> dict[str, Any]:
+    import asyncio
+    import sys
+
+    from agl_cli.console import stderr_console
+    from agl_cli.evaluation import EvalRunner
+    from agl_cli.progress import RolloutProgress
+    from agl_cli.stack import running_stack
+    from agl_cli.summary import summarize_run
+    from rl_backend.rollout.local import LocalController
+
+    console = stderr_console()
+    store = run.open_store()
+    for variant in variants:
+        store.upsert_variant(variant.name, variant.hash, variant.settings)
+    store.set_meta("plan_size", len(plan))
+    manifest = run.manifest()
+    console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
+    interrupted = False
+    with running_stack(spec, store, log=console.print) as stack:
+        runner = EvalRunner(spec, run, store, stack, LocalController())
+        todo = runner.pending(plan)
+        done_before = len(plan) - len(todo)
+        if done_before:
+            console.print(f"resuming: {done_before} rollouts already finished are kept, {len(todo)} to run")
+        with RolloutProgress(console, total=len(plan), done=done_before, quiet=quiet) as progress:
+            runner.on_event = progress.on_event
+            try:
+                asyncio.run(runner.run(plan))
+            except KeyboardInterrupt:
+                interrupted = True
+    planned_keys: dict[str, list[str]] = {v.name: [] for v in variants}
+    for item in plan:
+        planned_keys[item.variant.name].append(item.key)
+    summaries = summarize_run(store, planned_keys)
+    finished = sum(s.finished for s in summaries)
+    status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
+    manifest["status"] = status
+    run.write_manifest(manifest)
+    store.close()
+    if interrupted:
+        console.print(
+            f"interrupted: {finished} of {len(plan)} rollouts finished and are kept. "
+            f"Resume with: agl eval --resume {run.run_id}"
+        )
+        sys.stdout.flush()
+    elif runner.stopped_for_budget:
+        console.print(f"stopped at the budget: {finished} of {len(plan)} rollouts ran")
+    return {
+        "run_id": run.run_id,
+        "run_dir": str(run.path),
+        "status": status,
+        "variants": [s.as_json() for s in summaries],
+        "_summaries": summaries,
+    }
+
+
+@handle_errors
+def eval_command(
+    config: Annotated[Optional[Path], typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,  # noqa: UP045
+    variant: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--variant", "-v", help="`baseline` or knob=value[,knob=value]; repeat for several."),
+    ] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Only the first N tasks (of the split).")] = None,  # noqa: UP045
+    seeds: Annotated[Optional[int], typer.Option(help="Runs per task (default: the spec's `seeds`).")] = None,  # noqa: UP045
+    split: Annotated[Optional[str], typer.Option(help="Only tasks of this split, e.g. val or test.")] = None,  # noqa: UP045
+    resume: Annotated[Optional[str], typer.Option(help="Finish this run instead of starting one.")] = None,  # noqa: UP045
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-rollout progress.")] = False,
+) -> None:
+    """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
+    from agl_cli.console import print_json, stderr_console, stdout_console
+    from agl_cli.display import print_missing_reasons, variant_table
+    from agl_cli.errors import UsageError
+
+    if resume is not None:
+        if config is not None or variant or limit is not None or seeds is not None or split is not None:
+            raise UsageError("--resume RUN takes no spec, --variant, --limit, --seeds or --split: the run has them")
+        spec, run, variants, plan = _prepare_resume(resume, runs_dir)
+    else:
+        if config is None:
+            raise UsageError("give the experiment spec: agl eval path/to/agl.yaml (or --resume RUN)")
+        spec, run, variants, plan = _prepare_new(config, variant or [], limit, seeds, split, runs_dir)
+    result = execute_eval(spec, run, variants, plan, quiet=quiet)
+    summaries = result.pop("_summaries")
+    if json_output:
+        print_json(result)
+    else:
+        out = stdout_console()
+        out.print(variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
+        print_missing_reasons(out, summaries)
+        stderr_console().print(f"run stored in {run.path}")
+    if result["status"] == "interrupted":
+        raise typer.Exit(130)
+    if not any(s.accuracy.n for s in summaries):
+        stderr_console().print("no rollout produced a reward; see the reasons above")
+        raise typer.Exit(1)

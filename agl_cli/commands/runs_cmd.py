@@ -1,0 +1,48 @@
+"""`agl runs`: the runs in the runs folder, newest last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from agl_cli.cli_support import handle_errors
+
+
+@handle_errors
+def runs_command(
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live.")] = None,  # noqa: UP045
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """List runs: id, kind, status, spec."""
+    import json
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from agl_cli.console import print_json, stdout_console
+    from agl_cli.rundir import MANIFEST, runs_root
+
+    root = runs_root(runs_dir)
+    rows = []
+    for path in sorted(root.glob("*")) if root.is_dir() else []:
+        manifest_file = path / MANIFEST
+        if manifest_file.is_file():
+            manifest = json.loads(manifest_file.read_text())
+            rows.append({
+                "run_id": path.name, "kind": manifest.get("kind"), "status": manifest.get("status"),
+                "spec": manifest.get("spec_path"), "split": manifest.get("split"),
+                "variants": [v["name"] for v in manifest.get("variants", [])],
+            })
+    if json_output:
+        print_json({"runs_dir": str(root), "runs": rows})
+        return
+    table = Table(title=f"runs in {root}", title_justify="left")
+    for column in ("run", "kind", "status", "split", "variants", "spec"):
+        table.add_column(column)
+    for row in rows:
+        cells = (row["run_id"], row["kind"] or "", row["status"] or "", row["split"] or "all",
+                 ", ".join(row["variants"]), row["spec"] or "")
+        table.add_row(*(Text(cell) for cell in cells))
+    stdout_console().print(table)

@@ -1,0 +1,248 @@
+"""Running a plan of rollouts: for each (variant, task, seed) start the agent through the controller, with the
+gateway in front of its model calls, grade what it leaves, and record everything in the run store.
+
+Resumable: a key whose latest attempt finished is never run again; an attempt that a dead process left
+`running` is marked cancelled and a new attempt starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_cli.grading import Grader
+from agl_cli.rundir import RunDir
+from agl_cli.spec import ExperimentSpec
+from agl_cli.stack import Stack
+from agl_cli.tasks import Task
+from agl_cli.variants import Variant
+from rl_backend.rollout.base import RolloutController, RolloutJob
+from rl_backend.store.db import RunStore
+from rl_backend.store.records import FailureKind, Rollout, RolloutStatus
+
+OUTPUT_KEEP_BYTES = 64 * 1024
+SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+
+
+@dataclass(frozen=True)
+class PlannedRollout:
+    variant: Variant
+    task: Task
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant.hash}/{self.task.id}/{self.seed}"
+
+
+def rollout_id(key: str, attempt: int) -> str:
+    # URL-safe and short: it appears in every gateway path the agent calls.
+    return "r" + hashlib.sha1(key.encode()).hexdigest()[:12] + f"-{attempt}"
+
+
+def make_plan(variants: list[Variant], tasks: list[Task], seeds: int) -> list[PlannedRollout]:
+    # Task-major order: every variant sees task 1 before any sees task 2, so a partial run stays paired.
+    return [PlannedRollout(v, t, s) for t in tasks for s in range(seeds) for v in variants]
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(nothing on stderr)"
+
+
+class EvalRunner:
+    """Executes a plan with bounded concurrency. `on_event(kind, rollout)` reports progress to the CLI."""
+
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        run: RunDir,
+        store: RunStore,
+        stack: Stack,
+        controller: RolloutController,
+        *,
+        on_event: Callable[[str, Rollout], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.run_dir = run
+        self.store = store
+        self.stack = stack
+        self.controller = controller
+        self.on_event = on_event or (lambda kind, rollout: None)
+        self.base_env = self._base_env()
+        self.grader = Grader(spec, store, self.base_env)
+        self.stopped_for_budget = False
+
+    def _base_env(self) -> dict[str, str]:
+        secret = set(SECRET_ENV) | {u.api_key_env for u in self.spec.upstreams.values() if u.api_key_env}
+        env = {k: v for k, v in os.environ.items() if k not in secret or not self.stack.gateway}
+        # The agent finds the Python agl runs on first, so `python agent.py` works without activating a venv.
+        bin_dir = str(Path(sys.executable).parent)
+        path = env.get("PATH", "")
+        if bin_dir not in path.split(os.pathsep):
+            env["PATH"] = bin_dir + os.pathsep + path if path else bin_dir
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    # -- planning and resume -------------------------------------------------------------------------------------
+
+    def pending(self, plan: list[PlannedRollout]) -> list[tuple[PlannedRollout, int]]:
+        """The planned keys still to run, each with the attempt number it gets."""
+        self.store.mark_interrupted()
+        latest = {r.key: r for r in self.store.rollouts(latest_only=True)}
+        todo = []
+        for item in plan:
+            previous = latest.get(item.key)
+            if previous is not None and previous.status.terminal:
+                continue
+            todo.append((item, 1 if previous is None else previous.attempt + 1))
+        return todo
+
+    def _budget_left(self, started: int) -> bool:
+        budget = self.spec.budget
+        if budget.rollouts is not None and started >= budget.rollouts:
+            return False
+        if budget.usd is not None:
+            spent = sum(t["cost_usd"] for t in self.store.call_totals_by_rollout().values())
+            if spent >= budget.usd:
+                return False
+        return True
+
+    async def run(self, plan: list[PlannedRollout]) -> None:
+        todo = self.pending(plan)
+        semaphore = asyncio.Semaphore(self.spec.concurrency)
+        already = len(self.store.rollouts())
+        started = 0
+
+        async def one(item: PlannedRollout, attempt: int) -> None:
+            nonlocal started
+            async with semaphore:
+                if not self._budget_left(already + started):
+                    self.stopped_for_budget = True
+                    return
+                started += 1
+                await self.run_one(item, attempt)
+
+        tasks = [asyncio.create_task(one(item, attempt)) for item, attempt in todo]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one rollout ---------------------------------------------------------------------------------------------
+
+    def _agent_command(self, task_file: Path, output_file: Path, folder: Path, rid: str) -> str:
+        agent = self.spec.agent
+        values = {
+            "task_file": shlex.quote(str(task_file)),
+            "output_file": shlex.quote(str(output_file)),
+            "rollout_dir": shlex.quote(str(folder)),
+            "rollout_id": rid,
+            "python": shlex.quote(sys.executable),
+        }
+        if agent.command:
+            return agent.command.format(**values)
+        return (
+            f"{values['python']} -m agl_cli.entry_agent {shlex.quote(str(agent.entry))} "
+            f"{values['task_file']} {values['output_file']}"
+        )
+
+    def _knob_settings(self, variant: Variant, folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
+        """Apply a variant: env knobs become variables, file knobs are rendered, gateway knobs go to the gateway."""
+        env: dict[str, str] = {}
+        gateway: dict[str, Any] = {}
+        for name, option in variant.settings.items():
+            knob = self.spec.knobs[name]
+            if knob.via == "env":
+                assert knob.name is not None
+                value = str(self.spec.resolve(str(option))) if knob.files is not None else option
+                env[knob.name] = value if isinstance(value, str) else json.dumps(value)
+            elif knob.via == "file":
+                assert knob.path is not None
+                target = Path(knob.path.format(rollout_dir=str(folder)))
+                if not target.is_absolute():
+                    target = self.spec.base_dir / target
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if knob.files is not None:
+                    target.write_bytes(self.spec.resolve(str(option)).read_bytes())
+                else:
+                    target.write_text(option if isinstance(option, str) else json.dumps(option))
+            elif name == "system_prompt":
+                gateway[name] = {"text": self.spec.resolve(str(option)).read_text(), "mode": knob.mode}
+            else:
+                gateway[name] = option
+        return env, gateway
+
+    async def run_one(self, item: PlannedRollout, attempt: int) -> Rollout:
+        rid = rollout_id(item.key, attempt)
+        folder = self.run_dir.rollout_dir(rid)
+        task_file = folder / "task.json"
+        task_file.write_text(json.dumps(item.task.data))
+        output_file = folder / "output.txt"
+        output_file.unlink(missing_ok=True)
+        rollout = Rollout(
+            id=rid, key=item.key, variant=item.variant.name, task_id=item.task.id, split=item.task.split,
+            seed=item.seed, attempt=attempt, status=RolloutStatus.running, started_at=time.time(),
+        )
+        knob_env, gateway_knobs = self._knob_settings(item.variant, folder)
+        env = dict(self.base_env)
+        env.update(self.spec.agent.env)
+        env.update(knob_env)
+        env.update({
+            "AGL_ROLLOUT_ID": rid, "AGL_TASK_FILE": str(task_file), "AGL_OUTPUT_FILE": str(output_file),
+            "AGL_ROLLOUT_DIR": str(folder), "AGL_SEED": str(item.seed), "AGL_VARIANT": item.variant.name,
+        })
+        gateway = self.stack.gateway
+        if gateway is not None and self.stack.gateway_url:
+            token = gateway.register_rollout(rid, gateway_knobs)
+            base = f"{self.stack.gateway_url}/rollouts/{rid}"
+            env.update({
+                "OPENAI_BASE_URL": f"{base}/openai/v1", "ANTHROPIC_BASE_URL": f"{base}/anthropic",
+                "OPENAI_API_KEY": token, "ANTHROPIC_API_KEY": token, "AGL_REWARD_URL": f"{base}/reward",
+            })
+        self.store.put_rollout(rollout)
+        self.on_event("started", rollout)
+        job = RolloutJob(
+            rollout_id=rid, command=self._agent_command(task_file, output_file, folder, rid), env=env,
+            cwd=self.spec.base_dir, rollout_dir=folder, timeout_s=self.spec.agent.timeout_s,
+            labels={"variant": item.variant.name, "task": item.task.id},
+        )
+        try:
+            result = await self.controller.run(job)
+        except asyncio.CancelledError:
+            rollout.status, rollout.failure = RolloutStatus.cancelled, FailureKind.interrupted
+            rollout.error, rollout.ended_at = "the run was interrupted while this rollout ran", time.time()
+            self.store.put_rollout(rollout)
+            raise
+        finally:
+            if gateway is not None:
+                gateway.unregister_rollout(rid)
+        rollout.exit_code, rollout.ended_at = result.exit_code, time.time()
+        rollout.stdout_tail, rollout.stderr_tail = result.stdout_tail, result.stderr_tail
+        if output_file.is_file():
+            rollout.output = output_file.read_bytes()[:OUTPUT_KEEP_BYTES].decode("utf-8", errors="replace")
+        if result.timed_out:
+            rollout.status, rollout.failure = RolloutStatus.timed_out, FailureKind.agent_timeout
+            rollout.error = f"the agent did not finish within {self.spec.agent.timeout_s:g} s; its process group was killed"
+        elif result.exit_code != 0:
+            rollout.status, rollout.failure = RolloutStatus.failed, FailureKind.agent_crashed
+            rollout.error = f"the agent exited with code {result.exit_code}: {_last_line(result.stderr_tail)}"
+        else:
+            grade = await self.grader.grade(rid, item.task.data, task_file, output_file)
+            rollout.reward, rollout.reward_source, rollout.grader_detail = grade.reward, grade.source, grade.detail
+            rollout.failure, rollout.error = grade.failure, grade.error
+            rollout.status = RolloutStatus.succeeded if grade.reward is not None else RolloutStatus.failed
+        self.store.put_rollout(rollout)
+        self.on_event("finished", rollout)
+        return rollout

@@ -1,0 +1,150 @@
+"""Scoring a finished rollout: a grader command, a `module:function`, or the reward the agent reported.
+
+A grader that crashes, hangs or prints something that is not a score leaves the rollout without a reward and
+with the reason: a missing reward is never counted as 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import math
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_cli.spec import ExperimentSpec
+from rl_backend.rollout.base import RolloutJob
+from rl_backend.rollout.local import LocalController
+from rl_backend.store.records import FailureKind, RewardSource
+from rl_backend.store.db import RunStore
+
+
+@dataclass
+class Grade:
+    reward: float | None
+    source: RewardSource
+    detail: dict[str, Any] | None = None
+    failure: FailureKind | None = None
+    error: str | None = None
+
+
+def parse_score(text: str) -> tuple[float, dict[str, Any] | None]:
+    """A grader prints a number, or a JSON object with `score` (or `reward`). Raises ValueError otherwise."""
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("the grader printed nothing")
+    last_line = stripped.splitlines()[-1].strip()
+    for candidate in (stripped, last_line):
+        try:
+            value = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        return _score_from(value)
+    raise ValueError(f"the grader printed {_clip(last_line)!r}, which is neither a number nor a JSON object")
+
+
+def _score_from(value: Any) -> tuple[float, dict[str, Any] | None]:
+    detail: dict[str, Any] | None = None
+    if isinstance(value, dict):
+        detail = value
+        key = "score" if "score" in value else "reward" if "reward" in value else None
+        if key is None:
+            raise ValueError(f"the grader's JSON has no `score` or `reward` field (keys: {', '.join(value)})")
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"the grader's score is {_clip(repr(value))}, not a number")
+    score = float(value)
+    if not math.isfinite(score):
+        raise ValueError(f"the grader's score is {score}, not a finite number")
+    return score, detail
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_entry(spec: ExperimentSpec, entry: str) -> Callable[..., Any]:
+    module_name, function_name = entry.split(":", 1)
+    base = str(spec.base_dir)
+    if base not in sys.path:
+        sys.path.insert(0, base)
+    module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise AttributeError(f"{module_name} has no function {function_name!r}")
+    return function  # type: ignore[no-any-return]
+
+
+class Grader:
+    def __init__(self, spec: ExperimentSpec, store: RunStore, env: dict[str, str]) -> None:
+        self.spec = spec
+        self.store = store
+        self.env = env
+        self.controller = LocalController(tail_bytes=256 * 1024)
+
+    async def grade(self, rollout_id: str, task: dict[str, Any], task_file: Path, output_file: Path) -> Grade:
+        grader = self.spec.grader
+        if grader.reported:
+            reported = self.store.reported_reward(rollout_id)
+            if reported is None:
+                return Grade(
+                    None, RewardSource.none, failure=FailureKind.no_reward_reported,
+                    error="the agent exited without POSTing a reward to AGL_REWARD_URL",
+                )
+            return Grade(reported[0], RewardSource.agent, detail=reported[1])
+        if not output_file.is_file():
+            return Grade(
+                None, RewardSource.none, failure=FailureKind.no_output,
+                error=f"the agent exited without writing its output file ({output_file.name})",
+            )
+        if grader.entry:
+            return await self._grade_entry(grader.entry, task, output_file)
+        assert grader.command is not None
+        return await self._grade_command(grader.command, rollout_id, task_file, output_file)
+
+    async def _grade_entry(self, entry: str, task: dict[str, Any], output_file: Path) -> Grade:
+        output = output_file.read_text(encoding="utf-8", errors="replace")
+        try:
+            function = load_entry(self.spec, entry)
+            result = await asyncio.wait_for(asyncio.to_thread(function, task, output), self.spec.grader.timeout_s)
+        except asyncio.TimeoutError:
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
+                         error=f"grader {entry} did not return within {self.spec.grader.timeout_s:g} s")
+        except Exception as exc:  # the user's grader: any failure is a reason, not a crash of agl
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
+                         error=f"grader {entry} raised {type(exc).__name__}: {exc}")
+        try:
+            score, detail = _score_from(result)
+        except ValueError as exc:
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_garbage, error=f"grader {entry}: {exc}")
+        return Grade(score, RewardSource.grader, detail=detail)
+
+    async def _grade_command(self, command: str, rollout_id: str, task_file: Path, output_file: Path) -> Grade:
+        line = command.format(
+            task_file=shlex.quote(str(task_file)),
+            output_file=shlex.quote(str(output_file)),
+            rollout_dir=shlex.quote(str(task_file.parent)),
+            python=shlex.quote(sys.executable),
+        )
+        job = RolloutJob(
+            rollout_id=rollout_id, command=line, env=self.env, cwd=self.spec.base_dir,
+            rollout_dir=task_file.parent, timeout_s=self.spec.grader.timeout_s,
+        )
+        result = await self.controller.run(job)
+        if result.timed_out:
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
+                         error=f"the grader did not finish within {self.spec.grader.timeout_s:g} s")
+        if result.exit_code != 0:
+            last = (result.stderr_tail.strip().splitlines() or ["(no stderr)"])[-1]
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
+                         error=f"the grader exited with code {result.exit_code}: {_clip(last, 300)}")
+        try:
+            score, detail = parse_score(result.stdout_tail)
+        except ValueError as exc:
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_garbage, error=str(exc))
+        return Grade(score, RewardSource.grader, detail=detail)

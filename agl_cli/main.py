@@ -1,0 +1,28 @@
+"""The `agl` command. Sub-commands live in agl_cli.commands; nothing heavy is imported until one runs."""
+
+from __future__ import annotations
+
+import typer
+
+from agl_cli.commands import doctor_cmd, eval_cmd, init_cmd, runs_cmd, serve_cmd
+
+app = typer.Typer(
+    name="agl",
+    help="Make an AI agent better, from prompt edits to weight training, without rewriting the agent.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("eval")(eval_cmd.eval_command)
+app.command("init")(init_cmd.init_command)
+app.command("doctor")(doctor_cmd.doctor_command)
+app.command("runs")(runs_cmd.runs_command)
+app.command("serve")(serve_cmd.serve_command)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The experiment spec (`agl.yaml`): typed, validated, with errors that name the file, line and field."""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agl_cli.errors import ConfigError
+from agl_cli.yaml_source import YamlDocument
+from rl_backend.gateway.config import UpstreamSpec
+
+AGENT_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "rollout_id", "python"}
+GRADER_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "python"}
+GATEWAY_KNOBS = {"model", "temperature", "top_p", "max_tokens", "reasoning_effort", "system_prompt"}
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _placeholders(template: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise ValueError(f"cannot parse the placeholders in {template!r}: {exc} (write a literal brace as {{{{ or }}}})")
+
+
+def _check_placeholders(template: str, allowed: set[str]) -> None:
+    unknown = _placeholders(template) - allowed
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder {{{sorted(unknown)[0]}}}; valid ones are "
+            + ", ".join("{" + p + "}" for p in sorted(allowed))
+        )
+
+
+class AgentSpec(_Strict):
+    command: str | None = None
+    entry: str | None = Field(default=None, description="module:function taking (task: dict) and returning the output")
+    timeout_s: float = Field(default=120.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> AgentSpec:
+        if bool(self.command) == bool(self.entry):
+            raise ValueError("give exactly one of `command` (a shell command) or `entry` (module:function)")
+        if self.command:
+            _check_placeholders(self.command, AGENT_PLACEHOLDERS)
+        if self.entry and not _ENTRY.match(self.entry):
+            raise ValueError(f"`entry` must look like package.module:function, found {self.entry!r}")
+        return self
+
+
+class SplitByField(_Strict):
+    field: str
+
+
+class SplitByFractions(_Strict):
+    fractions: dict[str, float]
+    seed: int = 0
+
+    @field_validator("fractions")
+    @classmethod
+    def _sum_to_one(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("give at least one split, for example {train: 0.6, val: 0.2, test: 0.2}")
+        if any(f < 0 for f in value.values()):
+            raise ValueError("fractions must be non-negative")
+        total = sum(value.values())
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"fractions must add up to 1, they add up to {total:g}")
+        return value
+
+
+class TasksSpec(_Strict):
+    path: str
+    split: SplitByField | SplitByFractions | None = None
+    id_field: str = "id"
+
+
+class GraderSpec(_Strict):
+    command: str | None = None
+    entry: str | None = None
+    reported: bool = False
+    timeout_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> GraderSpec:
+        forms = [bool(self.command), bool(self.entry), self.reported]
+        if sum(forms) != 1:
+            raise ValueError(
+                "give exactly one of `command` (prints a number or JSON), `entry` (module:function), "
+                "or `reported: true` (the agent POSTs its reward)"
+            )
+        if self.command:
+            _check_placeholders(self.command, GRADER_PLACEHOLDERS)
+        if self.entry and not _ENTRY.match(self.entry):
+            raise ValueError(f"`entry` must look like package.module:function, found {self.entry!r}")
+        return self
+
+
+class KnobSpec(_Strict):
+    values: list[Any] | None = None
+    files: list[str] | None = None
+    via: Literal["gateway", "env", "file"]
+    name: str | None = Field(default=None, description="env: the variable name")
+    path: str | None = Field(default=None, description="file: where to render it, may use {rollout_dir}")
+    mode: Literal["replace", "prepend"] = "replace"
+
+    @model_validator(mode="after")
+    def _check(self) -> KnobSpec:
+        if (self.values is None) == (self.files is None):
+            raise ValueError("give exactly one of `values` (a list of settings) or `files` (a list of paths)")
+        options = self.values if self.values is not None else self.files
+        if not options:
+            raise ValueError("a knob needs at least one value; its first is the baseline")
+        if self.via == "env":
+            if not self.name or not _ENV_NAME.match(self.name):
+                raise ValueError("a knob `via: env` needs `name`, the environment variable, e.g. AGENT_MAX_TURNS")
+        if self.via == "file":
+            if not self.path:
+                raise ValueError("a knob `via: file` needs `path`, where to write it, e.g. '{rollout_dir}/prompt.md'")
+            _check_placeholders(self.path, {"rollout_dir"})
+        return self
+
+    @property
+    def options(self) -> list[Any]:
+        return list(self.values if self.values is not None else self.files or [])
+
+
+class BudgetSpec(_Strict):
+    usd: float | None = Field(default=None, ge=0)
+    rollouts: int | None = Field(default=None, ge=1)
+
+
+class ExperimentSpec(_Strict):
+    name: str = "experiment"
+    agent: AgentSpec
+    tasks: TasksSpec
+    grader: GraderSpec
+    upstreams: dict[str, UpstreamSpec] = Field(default_factory=dict)
+    model: str | None = None
+    knobs: dict[str, KnobSpec] = Field(default_factory=dict)
+    seeds: int = Field(default=1, ge=1)
+    concurrency: int = Field(default=4, ge=1, le=1024)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    runner: Literal["local", "kubernetes"] = "local"
+    kubernetes: dict[str, Any] | None = None
+    proposer: dict[str, Any] | None = None
+
+    # Where the spec file lives; relative paths in it resolve from here. Not a YAML key.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ExperimentSpec:
+        for name, knob in self.knobs.items():
+            if knob.via == "gateway" and name not in GATEWAY_KNOBS:
+                raise ValueError(
+                    f"knob {name!r} is `via: gateway`, but the gateway can only set "
+                    + ", ".join(sorted(GATEWAY_KNOBS))
+                    + "; use `via: env` or `via: file` for anything else"
+                )
+            if knob.via == "gateway" and name == "system_prompt" and knob.files is None:
+                raise ValueError("knob 'system_prompt' takes `files:` (one prompt file per option)")
+        if self.model is not None and "/" in self.model and self.upstreams:
+            upstream = self.model.split("/", 1)[0]
+            if upstream not in self.upstreams:
+                raise ValueError(
+                    f"`model: {self.model}` names upstream {upstream!r}, which is not in `upstreams` "
+                    f"({', '.join(self.upstreams)})"
+                )
+        return self
+
+    def resolve(self, relative: str) -> Path:
+        path = Path(relative).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path)
+
+
+def _describe_input(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _format_error(doc: YamlDocument, error: dict[str, Any]) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-union"))))
+    # pydantic adds the union member's class name to the location; it means nothing to the user.
+    loc = tuple(p for p in loc if p not in {"SplitByField", "SplitByFractions"})
+    line = doc.line_of(loc)
+    where = f"{doc.path}:{line}" if line else str(doc.path)
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return f"{where}: `{field}` is not a key agl knows; check its spelling against DESIGN.md's agl.yaml keys"
+    if error["type"] == "missing":
+        return f"{where}: `{field}` is required but missing"
+    found = "" if error["type"].startswith("value_error") else f" (found {_describe_input(error.get('input'))})"
+    return f"{where}: `{field}`: {msg}{found}"
+
+
+def load_spec(path: Path | str) -> ExperimentSpec:
+    """Read and validate an agl.yaml; any problem raises ConfigError listing every bad field with its line."""
+    spec_path = Path(path)
+    if spec_path.is_dir():
+        spec_path = spec_path / "agl.yaml"
+    doc = YamlDocument.load(spec_path)
+    try:
+        spec = ExperimentSpec.model_validate(doc.data)
+    except ValidationError as exc:
+        problems = [_format_error(doc, e) for e in exc.errors()]  # type: ignore[arg-type]
+        raise ConfigError(
+            f"{spec_path} is not a valid experiment spec:\n  " + "\n  ".join(problems),
+            hint="`agl init` writes a commented starter agl.yaml",
+        ) from None
+    spec.base_dir = spec_path.resolve().parent
+    if not spec.resolve(spec.tasks.path).is_file():
+        line = doc.line_of(("tasks", "path"))
+        raise ConfigError(
+            f"{spec_path}:{line}: `tasks.path`: {spec.resolve(spec.tasks.path)} does not exist",
+            hint="paths in agl.yaml are relative to the folder of agl.yaml",
+        )
+    for knob_name, knob in spec.knobs.items():
+        for index, file_name in enumerate(knob.files or []):
+            if not spec.resolve(file_name).is_file():
+                line = doc.line_of(("knobs", knob_name, "files", index))
+                raise ConfigError(f"{spec_path}:{line}: `knobs.{knob_name}.files`: {spec.resolve(file_name)} does not exist")
+    return spec

@@ -1,0 +1,80 @@
+"""The services a run needs, started in-process: embedded model servers for `kind: embedded` upstreams, then
+the gateway in front of every upstream. Stopped in reverse order when the run ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agl_cli.errors import ConfigError
+from agl_cli.spec import ExperimentSpec
+from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.store.db import RunStore
+
+if TYPE_CHECKING:
+    from rl_backend.gateway import Gateway
+
+
+@dataclass
+class Stack:
+    gateway: Gateway | None
+    gateway_url: str | None
+    upstreams: dict[str, ResolvedUpstream]
+
+
+def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
+    env_name = env_name or ("OPENAI_API_KEY" if kind == "openai" else "ANTHROPIC_API_KEY" if kind == "anthropic" else None)
+    if env_name is None:
+        return None
+    value = os.environ.get(env_name)
+    if kind in ("openai", "anthropic") and not value:
+        raise ConfigError(
+            f"upstream {name!r} needs an API key in ${env_name}, which is not set",
+            hint=f"export {env_name}=... (agl passes it to the upstream only; agents never see it)",
+        )
+    return value
+
+
+@contextlib.contextmanager
+def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> Iterator[Stack]:
+    with contextlib.ExitStack() as exits:
+        resolved: dict[str, ResolvedUpstream] = {}
+        for name, upstream in spec.upstreams.items():
+            if upstream.kind == "embedded":
+                from rl_backend.serving.server import start_embedded_server
+
+                if log:
+                    log(f"starting the embedded model server for {name!r} ({upstream.model})")
+                server = start_embedded_server(model=str(upstream.model))
+                exits.callback(server.stop)
+                resolved[name] = ResolvedUpstream(
+                    name=name, api="openai", base_urls=[server.base_url + "/v1"],
+                    default_model=upstream.model, timeout_s=upstream.timeout_s, returns_token_ids=True,
+                )
+            else:
+                resolved[name] = ResolvedUpstream(
+                    name=name,
+                    api="anthropic" if upstream.kind == "anthropic" else "openai",
+                    base_urls=upstream.urls(),
+                    api_key=_api_key(name, upstream.kind, upstream.api_key_env),
+                    default_model=upstream.model,
+                    timeout_s=upstream.timeout_s,
+                    returns_token_ids=False,
+                )
+        if not resolved:
+            # The agent calls no model through agl (or uses its own keys): nothing to put in front of it.
+            yield Stack(gateway=None, gateway_url=None, upstreams={})
+            return
+        from rl_backend.gateway import Gateway, start_gateway
+
+        default_model = spec.model
+        if default_model is None and len(resolved) == 1:
+            only = next(iter(resolved.values()))
+            default_model = f"{only.name}/{only.default_model}" if only.default_model else None
+        gateway = Gateway(resolved, store, default_model=default_model, record_token_ids=True)
+        server = start_gateway(gateway)
+        exits.callback(server.stop)
+        yield Stack(gateway=gateway, gateway_url=server.base_url, upstreams=resolved)

@@ -1,0 +1,100 @@
+"""Task sets: JSONL files of task objects, their ids, and their train/val/test splits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_cli.errors import ConfigError
+from agl_cli.spec import ExperimentSpec, SplitByField, SplitByFractions
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    data: dict[str, Any]
+    split: str | None
+    line: int
+
+
+def _split_by_fractions(ids: list[str], split: SplitByFractions) -> dict[str, str]:
+    # Sort first so the assignment depends only on the set of ids and the seed, not the file's order.
+    order = sorted(ids)
+    random.Random(split.seed).shuffle(order)
+    names = list(split.fractions)
+    assignment: dict[str, str] = {}
+    start = 0
+    for i, name in enumerate(names):
+        end = len(order) if i == len(names) - 1 else start + round(split.fractions[name] * len(order))
+        for task_id in order[start:end]:
+            assignment[task_id] = name
+        start = end
+    return assignment
+
+
+def load_tasks(spec: ExperimentSpec) -> list[Task]:
+    path = spec.resolve(spec.tasks.path)
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})",
+                hint="each line of a task file is one JSON object",
+            ) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}:{number}: expected a JSON object, found {type(data).__name__}")
+        raw_id = data.get(spec.tasks.id_field, number)
+        task_id = str(raw_id)
+        if task_id in seen:
+            raise ConfigError(f"{path}:{number}: task id {task_id!r} already used on line {seen[task_id]}")
+        seen[task_id] = number
+        split: str | None = None
+        if isinstance(spec.tasks.split, SplitByField):
+            value = data.get(spec.tasks.split.field)
+            if value is None:
+                raise ConfigError(
+                    f"{path}:{number}: task {task_id!r} has no {spec.tasks.split.field!r} field, "
+                    "which `tasks.split.field` says holds its split"
+                )
+            split = str(value)
+        tasks.append(Task(id=task_id, data=data, split=split, line=number))
+    if not tasks:
+        raise ConfigError(f"{path}: no tasks in the file")
+    if isinstance(spec.tasks.split, SplitByFractions):
+        assignment = _split_by_fractions([t.id for t in tasks], spec.tasks.split)
+        tasks = [Task(id=t.id, data=t.data, split=assignment[t.id], line=t.line) for t in tasks]
+    return tasks
+
+
+def select_tasks(tasks: list[Task], *, split: str | None, limit: int | None) -> list[Task]:
+    chosen = tasks
+    if split is not None:
+        available = sorted({t.split for t in tasks if t.split is not None})
+        if not available:
+            raise ConfigError(f"--split {split}: the spec defines no splits (add `tasks.split`)")
+        chosen = [t for t in tasks if t.split == split]
+        if not chosen:
+            raise ConfigError(f"--split {split}: no task is in that split; the splits are {', '.join(available)}")
+    if limit is not None:
+        chosen = chosen[:limit]
+    return chosen
+
+
+def task_set_hash(tasks: list[Task]) -> str:
+    digest = hashlib.sha256()
+    for task in tasks:
+        digest.update(json.dumps(task.data, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
