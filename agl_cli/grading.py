@@ -20,8 +20,8 @@ from typing import Any
 from agl_cli.spec import ExperimentSpec
 from rl_backend.rollout.base import RolloutJob
 from rl_backend.rollout.local import LocalController
-from rl_backend.store.records import FailureKind, RewardSource
 from rl_backend.store.db import RunStore
+from rl_backend.store.records import FailureKind, RewardSource
 
 
 @dataclass
@@ -77,7 +77,7 @@ def load_entry(spec: ExperimentSpec, entry: str) -> Callable[..., Any]:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise AttributeError(f"{module_name} has no function {function_name!r}")
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 class Grader:
@@ -112,7 +112,7 @@ class Grader:
         try:
             function = load_entry(self.spec, entry)
             result = await asyncio.wait_for(asyncio.to_thread(function, task, output), self.spec.grader.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
                          error=f"grader {entry} did not return within {self.spec.grader.timeout_s:g} s")
         except Exception as exc:  # the user's grader: any failure is a reason, not a crash of agl

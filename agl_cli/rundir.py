@@ -60,7 +60,8 @@ class RunDir:
 
     def manifest(self) -> dict[str, Any]:
         try:
-            return json.loads((self.path / MANIFEST).read_text())  # type: ignore[no-any-return]
+            manifest: dict[str, Any] = json.loads((self.path / MANIFEST).read_text())
+            return manifest
         except FileNotFoundError:
             raise UsageError(f"{self.path} has no {MANIFEST}: it is not a complete agl run") from None
 

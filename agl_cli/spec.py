@@ -28,7 +28,9 @@ def _placeholders(template: str) -> set[str]:
     try:
         return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
     except ValueError as exc:
-        raise ValueError(f"cannot parse the placeholders in {template!r}: {exc} (write a literal brace as {{{{ or }}}})")
+        raise ValueError(
+            f"cannot parse the placeholders in {template!r}: {exc} (write a literal brace as {{{{ or }}}})"
+        ) from None
 
 
 def _check_placeholders(template: str, allowed: set[str]) -> None:
@@ -120,9 +122,8 @@ class KnobSpec(_Strict):
         options = self.values if self.values is not None else self.files
         if not options:
             raise ValueError("a knob needs at least one value; its first is the baseline")
-        if self.via == "env":
-            if not self.name or not _ENV_NAME.match(self.name):
-                raise ValueError("a knob `via: env` needs `name`, the environment variable, e.g. AGENT_MAX_TURNS")
+        if self.via == "env" and (not self.name or not _ENV_NAME.match(self.name)):
+            raise ValueError("a knob `via: env` needs `name`, the environment variable, e.g. AGENT_MAX_TURNS")
         if self.via == "file":
             if not self.path:
                 raise ValueError("a knob `via: file` needs `path`, where to write it, e.g. '{rollout_dir}/prompt.md'")

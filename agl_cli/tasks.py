@@ -6,7 +6,6 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agl_cli.errors import ConfigError

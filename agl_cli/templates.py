@@ -23,5 +23,5 @@ def environment() -> jinja2.Environment:
     )
 
 
-def render(name: str, **context: object) -> str:
-    return environment().get_template(name).render(**context)
+def render(template: str, **context: object) -> str:
+    return environment().get_template(template).render(**context)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -161,16 +161,16 @@ def execute_eval(
 
 @handle_errors
 def eval_command(
-    config: Annotated[Optional[Path], typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,  # noqa: UP045
+    config: Annotated[Path | None, typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,
     variant: Annotated[
-        Optional[list[str]],  # noqa: UP045
+        list[str] | None,
         typer.Option("--variant", "-v", help="`baseline` or knob=value[,knob=value]; repeat for several."),
     ] = None,
-    limit: Annotated[Optional[int], typer.Option(help="Only the first N tasks (of the split).")] = None,  # noqa: UP045
-    seeds: Annotated[Optional[int], typer.Option(help="Runs per task (default: the spec's `seeds`).")] = None,  # noqa: UP045
-    split: Annotated[Optional[str], typer.Option(help="Only tasks of this split, e.g. val or test.")] = None,  # noqa: UP045
-    resume: Annotated[Optional[str], typer.Option(help="Finish this run instead of starting one.")] = None,  # noqa: UP045
-    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks (of the split).")] = None,
+    seeds: Annotated[int | None, typer.Option(help="Runs per task (default: the spec's `seeds`).")] = None,
+    split: Annotated[str | None, typer.Option(help="Only tasks of this split, e.g. val or test.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Finish this run instead of starting one.")] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-rollout progress.")] = False,
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,8 +17,8 @@ def init_command(
     ),
     tasks: Annotated[str, typer.Option(help="The task file (JSONL).")] = "tasks.jsonl",
     grader: Annotated[str, typer.Option(help="The grader's command.")] = "python grade.py {task_file} {output_file}",
-    name: Annotated[Optional[str], typer.Option(help="Study name (default: the folder's name).")] = None,  # noqa: UP045
-    split_field: Annotated[Optional[str], typer.Option(help="Task field holding the split.")] = None,  # noqa: UP045
+    name: Annotated[str | None, typer.Option(help="Study name (default: the folder's name).")] = None,
+    split_field: Annotated[str | None, typer.Option(help="Task field holding the split.")] = None,
     model: Annotated[str, typer.Option(help="Default upstream/model.")] = "local/smollm2-135m-instruct",
     timeout_s: Annotated[float, typer.Option(help="Per-rollout timeout in seconds.")] = 120.0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it.")] = Path("agl.yaml"),
@@ -39,7 +39,7 @@ def init_command(
             raise UsageError(f"{label}: {str(exc).splitlines()[-1].strip()}") from None
     text = render(
         "agl.yaml.j2",
-        name=name or out.resolve().parent.name or "experiment",
+        study_name=name or out.resolve().parent.name or "experiment",
         agent_command=agent,
         tasks_path=tasks,
         grader_command=grader,

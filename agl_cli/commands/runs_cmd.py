@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,7 +12,7 @@ from agl_cli.cli_support import handle_errors
 
 @handle_errors
 def runs_command(
-    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live.")] = None,  # noqa: UP045
+    runs_dir: Annotated[Path | None, typer.Option(help="Where runs live.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """List runs: id, kind, status, spec."""

@@ -69,7 +69,7 @@ class LocalController:
         timed_out = cancelled = False
         try:
             await asyncio.wait_for(proc.wait(), timeout=job.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             await self._stop(proc)
         except asyncio.CancelledError:
@@ -83,7 +83,7 @@ class LocalController:
                 _kill_group(proc.pid, signal.SIGKILL)
                 try:
                     await asyncio.wait_for(readers, timeout=5.0)
-                except (asyncio.TimeoutError, asyncio.CancelledError):
+                except (TimeoutError, asyncio.CancelledError):
                     readers.cancel()
         return ProcessResult(
             exit_code=None if timed_out else proc.returncode,
@@ -98,10 +98,8 @@ class LocalController:
     @staticmethod
     async def _stop(proc: asyncio.subprocess.Process) -> None:
         _kill_group(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.wait(), timeout=KILL_GRACE_S)
-        except asyncio.TimeoutError:
-            pass
         _kill_group(proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             await proc.wait()
