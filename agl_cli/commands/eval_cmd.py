@@ -173,6 +173,7 @@ def eval_command(
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-rollout progress.")] = False,
+    concurrency: Annotated[int | None, typer.Option(help="Rollouts at once (default: the spec's).")] = None,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, stderr_console, stdout_console
@@ -187,6 +188,10 @@ def eval_command(
         if config is None:
             raise UsageError("give the experiment spec: agl eval path/to/agl.yaml (or --resume RUN)")
         spec, run, variants, plan = _prepare_new(config, variant or [], limit, seeds, split, runs_dir)
+    if concurrency is not None:
+        if concurrency < 1:
+            raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
+        spec.concurrency = concurrency
     result = execute_eval(spec, run, variants, plan, quiet=quiet)
     summaries = result.pop("_summaries")
     if json_output:
