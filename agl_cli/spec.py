@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agl_cli.errors import ConfigError
 from agl_cli.yaml_source import YamlDocument
 from rl_backend.gateway.config import UpstreamSpec
+from rl_backend.rollout.k8s_spec import KubernetesSpec
 
 AGENT_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "rollout_id", "python"}
 GRADER_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "python"}
@@ -152,7 +153,7 @@ class ExperimentSpec(_Strict):
     concurrency: int = Field(default=4, ge=1, le=1024)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     runner: Literal["local", "kubernetes"] = "local"
-    kubernetes: dict[str, Any] | None = None
+    kubernetes: KubernetesSpec | None = None
     proposer: dict[str, Any] | None = None
 
     # Where the spec file lives; relative paths in it resolve from here. Not a YAML key.
@@ -160,6 +161,8 @@ class ExperimentSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentSpec:
+        if self.runner == "kubernetes" and self.kubernetes is None:
+            raise ValueError("`runner: kubernetes` needs a `kubernetes:` section, at least `image:`")
         for name, knob in self.knobs.items():
             if knob.via == "gateway" and name not in GATEWAY_KNOBS:
                 raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,10 +49,10 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
 
                 if log:
                     log(f"starting the embedded model server for {name!r} ({upstream.model})")
-                server = start_embedded_server(model=str(upstream.model))
-                exits.callback(server.stop)
+                model_server = start_embedded_server(model=str(upstream.model))
+                exits.callback(model_server.stop)
                 resolved[name] = ResolvedUpstream(
-                    name=name, api="openai", base_urls=[server.base_url + "/v1"],
+                    name=name, api="openai", base_urls=[model_server.base_url + "/v1"],
                     default_model=upstream.model, timeout_s=upstream.timeout_s, returns_token_ids=True,
                 )
             else:
@@ -64,8 +65,8 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                     timeout_s=upstream.timeout_s,
                     returns_token_ids=False,
                 )
-        if not resolved:
-            # The agent calls no model through agl (or uses its own keys): nothing to put in front of it.
+        if not resolved and not spec.grader.reported:
+            # The agent calls no model through agl (or uses its own keys) and reports no reward: no gateway.
             yield Stack(gateway=None, gateway_url=None, upstreams={})
             return
         from rl_backend.gateway import Gateway, start_gateway
@@ -74,7 +75,10 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
         if default_model is None and len(resolved) == 1:
             only = next(iter(resolved.values()))
             default_model = f"{only.name}/{only.default_model}" if only.default_model else None
-        gateway = Gateway(resolved, store, default_model=default_model, record_token_ids=True)
-        server = start_gateway(gateway)
-        exits.callback(server.stop)
-        yield Stack(gateway=gateway, gateway_url=server.base_url, upstreams=resolved)
+        # Pods reach the gateway over the network: it listens beyond loopback, which needs an admin token.
+        listen = spec.kubernetes.listen_address() if spec.runner == "kubernetes" and spec.kubernetes else None
+        gateway = Gateway(resolved, store, default_model=default_model, record_token_ids=True,
+                          admin_token=secrets.token_urlsafe(32) if listen else None)
+        gateway_server = start_gateway(gateway, *listen) if listen else start_gateway(gateway)
+        exits.callback(gateway_server.stop)
+        yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved)

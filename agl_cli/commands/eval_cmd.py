@@ -107,11 +107,11 @@ def execute_eval(
     import sys
 
     from agl_cli.console import stderr_console
+    from agl_cli.controllers import make_controller, run_then_close
     from agl_cli.evaluation import EvalRunner
     from agl_cli.progress import RolloutProgress
     from agl_cli.stack import running_stack
     from agl_cli.summary import summarize_run
-    from rl_backend.rollout.local import LocalController
 
     console = stderr_console()
     store = run.open_store()
@@ -122,7 +122,8 @@ def execute_eval(
     console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
     interrupted = False
     with running_stack(spec, store, log=console.print) as stack:
-        runner = EvalRunner(spec, run, store, stack, LocalController())
+        controller = make_controller(spec, run.run_id)
+        runner = EvalRunner(spec, run, store, stack, controller)
         todo = runner.pending(plan)
         done_before = len(plan) - len(todo)
         if done_before:
@@ -130,7 +131,7 @@ def execute_eval(
         with RolloutProgress(console, total=len(plan), done=done_before, quiet=quiet) as progress:
             runner.on_event = progress.on_event
             try:
-                asyncio.run(runner.run(plan))
+                asyncio.run(run_then_close(controller, lambda: runner.run(plan)))
             except KeyboardInterrupt:
                 interrupted = True
     planned_keys: dict[str, list[str]] = {v.name: [] for v in variants}
