@@ -1,0 +1,109 @@
+"""Paired figures for reports, on agl_cli.paired: each candidate against the baseline on shared (task, seed)
+pairs, the winner, and the tasks whose outcome flipped between the two.
+
+The comparison documents have the shape `agl compare --json` prints per candidate, so the report and the
+command never disagree about a verdict.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agl_cli.optimize.objectives import PASS_THRESHOLD, scores_of
+from agl_cli.paired import BETTER, compare_many, difference
+from rl_backend.store.records import Rollout
+
+if TYPE_CHECKING:
+    from agl_cli.report.collect import VariantRow
+
+PairKey = tuple[str, int]
+
+
+def _measures(rollouts: list[Rollout], totals: Mapping[str, Mapping[str, float]]) -> tuple[dict[PairKey, float],
+                                                                                           dict[PairKey, float]]:
+    cost = {(r.task_id, r.seed): float(totals.get(r.id, {}).get("cost_usd", 0.0)) for r in rollouts}
+    latency = {(r.task_id, r.seed): d for r in rollouts if (d := r.duration_s) is not None}
+    return cost, latency
+
+
+def paired_docs(baseline: list[Rollout], candidates: Mapping[str, list[Rollout]],
+                totals: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
+    """Each candidate vs the baseline (Holm-adjusted when several): accuracy verdict plus cost and latency
+    differences, as `agl compare` reports them."""
+    base = [r for r in baseline if r.status.terminal]
+    mine = {name: [r for r in rollouts if r.status.terminal] for name, rollouts in candidates.items()}
+    results = compare_many(scores_of(base), {name: scores_of(rs) for name, rs in mine.items()})
+    base_cost, base_latency = _measures(base, totals)
+    docs = {}
+    for name, rollouts in mine.items():
+        cost, latency = _measures(rollouts, totals)
+        docs[name] = {
+            "candidate": name, **results[name].as_dict(),
+            "cost_usd_per_task": difference(base_cost, cost).as_dict(),
+            "latency_s": difference(base_latency, latency).as_dict(),
+        }
+    return docs
+
+
+def choose_winner(rows: Sequence[VariantRow], docs: Mapping[str, dict[str, Any]]) -> str | None:
+    """The most accurate candidate judged better than the baseline; if none is, the most accurate candidate
+    (the verdict then says no detectable difference). Ties go to the cheaper."""
+    measured = [r for r in rows if r.name in docs and r.summary.accuracy.mean is not None]
+    if not measured:
+        return None
+    better = [r for r in measured if docs[r.name]["verdict"] == BETTER]
+
+    def rank(r: VariantRow) -> tuple[float, float]:
+        return (r.summary.accuracy.mean or 0.0, -(r.cost_per_task.mean or 0.0))
+
+    return max(better or measured, key=rank).name
+
+
+@dataclass
+class Flip:
+    """A task whose mean reward differs between the baseline and the winner, over the seeds both scored."""
+
+    task_id: str
+    baseline_mean: float
+    winner_mean: float
+    baseline_passed: int
+    winner_passed: int
+    seeds: list[int]
+    baseline_ids: list[str] = field(default_factory=list)
+    winner_ids: list[str] = field(default_factory=list)
+
+    @property
+    def direction(self) -> str:
+        return "gained" if self.winner_mean > self.baseline_mean else "lost"
+
+
+def flips(baseline: list[Rollout], winner: list[Rollout]) -> list[Flip]:
+    """Gained tasks first, then lost ones, each by the size of the change."""
+    def by_task(rollouts: list[Rollout]) -> dict[str, dict[int, Rollout]]:
+        grouped: dict[str, dict[int, Rollout]] = defaultdict(dict)
+        for r in rollouts:
+            if r.reward is not None:
+                grouped[r.task_id][r.seed] = r
+        return grouped
+
+    a, b = by_task(baseline), by_task(winner)
+    result = []
+    for task in sorted(set(a) & set(b)):
+        seeds = sorted(set(a[task]) & set(b[task]))
+        ra = [a[task][s] for s in seeds]
+        rb = [b[task][s] for s in seeds]
+        mean_a = sum(float(r.reward or 0.0) for r in ra) / len(seeds)
+        mean_b = sum(float(r.reward or 0.0) for r in rb) / len(seeds)
+        if abs(mean_a - mean_b) < 1e-12:
+            continue
+        result.append(Flip(
+            task_id=task, baseline_mean=mean_a, winner_mean=mean_b,
+            baseline_passed=sum(1 for r in ra if (r.reward or 0.0) >= PASS_THRESHOLD),
+            winner_passed=sum(1 for r in rb if (r.reward or 0.0) >= PASS_THRESHOLD),
+            seeds=seeds, baseline_ids=[r.id for r in ra], winner_ids=[r.id for r in rb],
+        ))
+    result.sort(key=lambda f: (f.direction != "gained", -abs(f.winner_mean - f.baseline_mean), f.task_id))
+    return result

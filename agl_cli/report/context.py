@@ -1,0 +1,241 @@
+"""From a run's data to what the templates render: the verdict, tables of plain-text cells (each format
+escapes them its own way), plots, and the transcripts the tables link to.
+
+Both templates get the same context, so the Markdown and the HTML report never say different things.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl_cli.report import failures as fail
+from agl_cli.report import plots
+from agl_cli.report.collect import RunData, Section
+from agl_cli.report.fmt import anchor, count, pct, points, reason_label, rich_html, rich_md, rich_plain, seconds, usd
+from agl_cli.report.transcripts import Transcript, transcript
+from agl_cli.report.verdict import TESTS, notes, verdict
+
+MAX_TRANSCRIPTS = 60  # a report stays readable and small; the run store has every call
+MAX_FLIPS = 40
+
+
+@dataclass
+class Cell:
+    text: str
+    links: list[tuple[str, str]] = field(default_factory=list)  # (label, transcript anchor)
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Cell]]
+    align: list[str]  # "l" or "r" per column
+    note: str = ""
+
+
+def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Cell | str]], note: str = "") -> Table:
+    cells = [[c if isinstance(c, Cell) else Cell(c) for c in row] for row in rows]
+    return Table(title, [c for c, _ in columns], cells, [a for _, a in columns], note)
+
+
+def _variant_table(section: Section, seeds: int, study_rows: dict[str, dict[str, Any]]) -> Table:
+    k = seeds
+    columns = [("variant", "l"), ("role", "l"), ("n", "r"), ("accuracy [95% CI]", "r")]
+    if k > 1:
+        columns.append((f"pass^{k} [95% CI]", "r"))
+    columns += [("cost/task [95% CI]", "r"), ("total cost", "r"), ("latency p50 / p95", "r"),
+                ("errors+timeouts [95% CI]", "r"), ("no reward", "r"), ("tokens in / out", "r"), ("Pareto", "l")]
+    if study_rows:
+        columns.append(("search", "l"))
+    rows: list[list[Cell | str]] = []
+    for r in section.rows:
+        s = r.summary
+        row: list[Cell | str] = [r.name, r.role, str(s.accuracy.n), pct(s.accuracy.mean, s.accuracy.ci95)]
+        if k > 1:
+            tasks = r.metrics.pass_k_tasks
+            row.append(pct(r.metrics.pass_k, r.pass_k_ci) + (f" (n={tasks})" if tasks else ""))
+        row += [usd(r.cost_per_task.mean, r.cost_per_task.ci95), usd(s.cost_usd),
+                f"{seconds(s.latency_p50)} / {seconds(s.latency_p95)}", pct(s.error_rate, r.error_rate.ci95),
+                f"{s.missing} of {s.planned}", f"{count(s.input_tokens)} / {count(s.output_tokens)}",
+                "yes" if r.pareto else ""]
+        if study_rows:
+            info = study_rows.get(r.name, {})
+            dropped = info.get("dropped")
+            row.append(f"dropped in round {dropped['round']}" if dropped else info.get("status", ""))
+        rows.append(row)
+    note = ("n counts scored rollouts; intervals resample tasks. pass^k is the share of tasks whose k seeds all "
+            "scored at least 0.5." if k > 1 else "n counts scored rollouts; intervals resample tasks.")
+    return _table(f"Variants on {section.heading}", columns, rows, note)
+
+
+def _knob_table(data: RunData) -> Table | None:
+    rows: list[list[Cell | str]] = []
+    for section in data.sections[:1]:
+        for r in section.rows:
+            settings = ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in r.knobs.items())
+            rows.append([r.name, settings or "(the spec's defaults)"])
+    if not rows or all(row[1] == "(the spec's defaults)" for row in rows):
+        return None
+    return _table("What each variant sets", [("variant", "l"), ("knob settings", "l")], rows)
+
+
+def _comparison_rows(data: RunData) -> Table | None:
+    docs: list[tuple[str, str, dict[str, Any]]] = []
+    if data.kind == "study":
+        if data.validation:
+            docs.append((data.winner or "", data.primary.heading, data.validation))
+        if data.comparison is not None and data.comparison is not data.validation and data.comparison_section:
+            docs.append((data.winner or "", data.comparison_section.heading, data.comparison))
+    else:
+        docs = [(name, data.primary.heading, doc) for name, doc in data.candidates.items()]
+    if not docs:
+        return None
+    rows: list[list[Cell | str]] = []
+    for name, label, d in docs:
+        diff, cost = d["difference"], d["cost_usd_per_task"]["difference"]
+        rows.append([
+            name, label, str(d["n_tasks"]), pct(d["baseline_mean"]), pct(d["candidate_mean"]),
+            points(diff["mean"], diff["ci95"]), TESTS.get(d["test"], d["test"]), f"{d['p_adjusted']:.3g}",
+            d["verdict"], usd(cost["mean"], cost["ci95"], signed=True),
+        ])
+    return _table(
+        "Paired against the baseline" + (f" ({data.baseline})" if data.baseline != "baseline" else ""),
+        [("candidate", "l"), ("tasks on", "l"), ("tasks", "r"), ("baseline", "r"), ("candidate", "r"),
+         ("difference [95% CI]", "r"), ("test", "l"), ("p", "r"), ("verdict", "l"), ("cost/task change", "r")],
+        rows, "Pairs are (task, seed) both scored; p is Holm-adjusted when several candidates are judged.",
+    )
+
+
+def _links(ids: list[str], seeds: list[int], prefix: str, included: set[str]) -> list[tuple[str, str]]:
+    return [(f"{prefix} s{seed}" if len(ids) > 1 else prefix, anchor(rid))
+            for rid, seed in zip(ids, seeds, strict=True) if rid in included]
+
+
+def _flip_table(data: RunData, included: set[str]) -> tuple[str, Table] | None:
+    if not data.flips:
+        return None
+    rows: list[list[Cell | str]] = []
+    shown = data.flips[:MAX_FLIPS]
+    for f in shown:
+        links = _links(f.baseline_ids, f.seeds, "baseline", included) + _links(f.winner_ids, f.seeds, "winner", included)
+        rows.append([
+            f.task_id, f.direction, f"{f.baseline_passed}/{len(f.seeds)} passed (mean {f.baseline_mean:.2f})",
+            f"{f.winner_passed}/{len(f.seeds)} passed (mean {f.winner_mean:.2f})",
+            Cell("" if links else "not included", links),
+        ])
+    gained = sum(1 for f in data.flips if f.direction == "gained")
+    label = data.comparison_section.label if data.comparison_section else data.primary.label
+    note = f"{gained} gained, {len(data.flips) - gained} lost on {label}"
+    if len(data.flips) > len(shown):
+        note += f"; the first {len(shown)} of {len(data.flips)} are listed"
+    # The note leads the section (both formats print it above the table), so the table itself carries none.
+    return note, _table(f"Tasks that flipped: {data.baseline} → {data.winner}",
+                  [("task", "l"), ("change", "l"), (f"baseline ({data.baseline})", "r"),
+                   (f"winner ({data.winner})", "r"), ("transcripts", "l")], rows)
+
+
+def _failure_tables(data: RunData, included: set[str]) -> tuple[Table | None, list[dict[str, Any]]]:
+    rows, examples = fail.breakdown(data)
+    if not rows:
+        return None, []
+    reasons = fail.reason_columns(rows)
+    columns = [("variant", "l"), ("planned", "r"), ("scored", "r"), ("wrong (<0.5)", "r"), ("no reward", "r")]
+    columns += [(reason_label(r), "r") for r in reasons] + [("failed model calls", "r")]
+    table_rows: list[list[Cell | str]] = [
+        [r.variant, str(r.planned), str(r.scored), str(r.wrong), str(r.missing), *(str(r.reasons.get(x, 0)) for x in reasons),
+         f"{r.failed_calls} in {r.rollouts_with_failed_calls} rollouts" if r.failed_calls else "0"]
+        for r in rows
+    ]
+    table = _table("Failures by variant", columns, table_rows,
+                   "A rollout without a reward is never counted as 0: it is missing, with its reason. "
+                   "'not run' means planned but never finished (an interrupted run or the budget).")
+    listed = [{"variant": e.variant, "reason": reason_label(e.reason), "message": e.message,
+               "link": anchor(e.rollout_id) if e.rollout_id in included else None, "rollout_id": e.rollout_id}
+              for e in examples]
+    return table, listed
+
+
+def _training_table(metrics: list[dict[str, Any]]) -> Table | None:
+    rows: list[list[Cell | str]] = []
+    for key in plots.TRAIN_CURVES:
+        values = [(m["step"], float(m[key])) for m in metrics if isinstance(m.get(key), int | float)]
+        if values:
+            first, last = values[0][1], values[-1][1]
+            rows.append([key, f"{first:.4g} (step {values[0][0]})", f"{last:.4g} (step {values[-1][0]})",
+                         f"{last - first:+.4g}", f"{min(v for _, v in values):.4g}", f"{max(v for _, v in values):.4g}"])
+    if not rows:
+        return None
+    return _table("Training: first and last logged step", [("metric", "l"), ("first", "r"), ("last", "r"),
+                                                            ("change", "r"), ("min", "r"), ("max", "r")], rows)
+
+
+def _select_transcripts(data: RunData) -> list[str]:
+    """Which rollouts get a transcript: both sides of flipped tasks, then failure examples, up to a cap."""
+    _, examples = fail.breakdown(data)
+    wanted: list[str] = []
+    for f in data.flips[: MAX_FLIPS // 2]:
+        wanted += f.baseline_ids + f.winner_ids
+    wanted += [e.rollout_id for e in examples]
+    return list(dict.fromkeys(wanted))[:MAX_TRANSCRIPTS]
+
+
+def _facts(data: RunData) -> list[tuple[str, str]]:
+    m = data.manifest
+    created = m.get("created_at")
+    facts = [
+        ("run", data.run.run_id), ("kind", data.kind), ("status", str(m.get("status", "—"))),
+        ("spec", f"{m.get('spec_name', '—')} ({m.get('spec_path', '—')})"),
+        ("created", time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(created)) if created else "—"),
+        ("git commit", str(m.get("git_sha") or "—")), ("agl version", str(m.get("agl_version", "—"))),
+        ("seeds", str(data.seeds)), ("variants", str(len(data.variant_names))),
+        ("rollouts", str(len(data.latest))),
+        ("model calls", f"{data.usage.calls:,}" + (f" ({data.usage.unattributed} outside rollouts)"
+                                                  if data.usage.unattributed else "")),
+        ("total cost", usd(data.usage.total_cost)), ("total tokens", count(data.usage.total_tokens)),
+    ]
+    return facts
+
+
+def build(data: RunData) -> dict[str, Any]:
+    chosen = _select_transcripts(data)
+    included = set(chosen)
+    by_id = {r.id: r for r in data.latest}
+    store = data.run.open_store()
+    try:
+        transcripts: list[Transcript] = [transcript(by_id[rid], store.calls(rollout_id=rid), anchor(rid))
+                                         for rid in chosen if rid in by_id]
+    finally:
+        store.close()
+    study_rows = {row["name"]: row for row in (data.study or {}).get("variants", []) if isinstance(row, dict)}
+    pieces = verdict(data)
+    failure_table, examples = _failure_tables(data, included)
+    usage = data.usage
+    spend_line = (f"{usage.calls:,} model calls, {count(usage.total_tokens)} tokens, {usd(usage.total_cost)} over "
+                  f"{seconds(usage.duration_s)}" if usage.calls else "No model calls were recorded in this run.")
+    title = {"study": "Study", "train": "Training run"}.get(data.kind, "Eval run") + f" {data.run.run_id}"
+    if data.manifest.get("spec_name"):
+        title += f" — {data.manifest['spec_name']}"
+    return {
+        "title": title,
+        "kind": data.kind,
+        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "verdict_md": rich_md(pieces), "verdict_html": rich_html(pieces), "verdict_text": rich_plain(pieces),
+        "notes": notes(data),
+        "pareto_plots": plots.pareto(data.primary),
+        "variant_tables": [_variant_table(s, data.seeds, study_rows) for s in data.sections if s.rows],
+        "knob_table": _knob_table(data),
+        "comparison_table": _comparison_rows(data),
+        "flips": _flip_table(data, included),
+        "failure_table": failure_table, "failure_examples": examples,
+        "spend_plots": plots.spend(data), "spend_line": spend_line,
+        "training": {"plots": plots.training(data.train_metrics), "table": _training_table(data.train_metrics)}
+        if data.train_metrics else None,
+        "facts": _facts(data),
+        "transcripts": transcripts,
+        "transcripts_note": f"{len(transcripts)} rollouts shown (flipped tasks and failure examples, at most "
+                            f"{MAX_TRANSCRIPTS}); secrets removed; long turns cut.",
+    }

@@ -1,0 +1,131 @@
+"""The report's figures from its data: Pareto plots (accuracy vs cost per task, accuracy vs p95 latency) with the
+baseline and the winner marked, spend over time, and training curves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agl_cli.report import svg
+from agl_cli.report.collect import RunData, Section, VariantRow
+
+TRAIN_CURVES = {  # key -> (title, axis label, as percent)
+    "reward": ("Mean reward per step", "mean reward", False),
+    "pass_rate": ("Pass rate per step", "pass rate", True),
+    "entropy": ("Policy entropy per step", "entropy", False),
+    "kl": ("KL to the reference policy per step", "KL", False),
+    "tokens_per_s": ("Throughput per step", "tokens / s", False),
+}
+LABEL_ALL_UNDER = 8  # with more variants, only the baseline, the winner and the front are labelled
+
+
+@dataclass
+class Plot:
+    name: str
+    title: str
+    caption: str
+    svg: str
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.svg"
+
+
+def _pct_axis(v: float) -> str:
+    return f"{100 * v:.0f}%"
+
+
+def _short(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _usd_axis(v: float) -> str:
+    # Axis ticks are round numbers: as few digits as they need ($0.00025, $0.0005), never a run of zeros.
+    text = f"{abs(v):.6f}".rstrip("0").rstrip(".")
+    return ("-$" if v < 0 else "$") + (text if text != "0" else "0")
+
+
+def pareto(section: Section) -> list[Plot]:
+    rows = [r for r in section.rows if r.summary.accuracy.mean is not None]
+    if len(rows) < 2:
+        return []
+    many = len(rows) > LABEL_ALL_UNDER
+    crowded_front = sum(1 for r in rows if r.pareto) > LABEL_ALL_UNDER // 2
+
+    def point(row: VariantRow, x: float, x_ci: tuple[float, float] | None) -> svg.Point:
+        role = row.role or ("front" if row.pareto else "")
+        acc = row.summary.accuracy
+        return svg.Point(x=x, y=acc.mean or 0.0, label=row.name, role=role, y_ci=acc.ci95, x_ci=x_ci,
+                         show_label=not many or role in ("baseline", "winner") or (role == "front" and not crowded_front))
+
+    def chart(points: list[svg.Point], title: str, x_label: str, x_fmt: svg.Fmt) -> str:
+        xs = [p.x for p in points]
+        # From zero when the spread is already wide (perspective for free); else zoom in, or points pile up.
+        return svg.scatter(points, title=title, x_label=x_label, x_fmt=x_fmt, x_from_zero=min(xs) < 0.5 * max(xs),
+                           y_label="accuracy (95% CI)", y_fmt=_pct_axis, y_bounds=(0.0, 1.0))
+
+    cost_points = [point(r, r.cost_per_task.mean or 0.0, r.cost_per_task.ci95) for r in rows]
+    plots = [Plot(
+        "pareto_cost", f"Accuracy vs cost per task — {section.heading}",
+        "Each point is a variant; vertical bars are 95% intervals of accuracy, horizontal bars of cost per task. "
+        "The baseline is the square, the winner the diamond; filled dots are on the Pareto front (no other variant is "
+        "at least as good on accuracy, cost, p95 latency and pass^k, and better on one).",
+        chart(cost_points, f"Accuracy vs cost per task — {section.heading}", "cost per task (USD)", _usd_axis),
+    )]
+    timed = [r for r in rows if r.metrics.latency_p95 is not None]
+    if len(timed) >= 2:
+        latency_points = [point(r, r.metrics.latency_p95 or 0.0, None) for r in timed]
+        plots.append(Plot(
+            "pareto_latency", f"Accuracy vs p95 latency — {section.heading}",
+            "Latency is the 95th percentile of a rollout's wall time; bars are 95% intervals of accuracy.",
+            chart(latency_points, f"Accuracy vs p95 latency — {section.heading}", "p95 rollout latency (s)",
+                  lambda v: f"{v:.3g}s"),
+        ))
+    return plots
+
+
+def _time_axis(duration_s: float) -> tuple[float, str]:
+    if duration_s <= 180:
+        return 1.0, "s"
+    if duration_s <= 3 * 3600:
+        return 60.0, "min"
+    return 3600.0, "h"
+
+
+def spend(data: RunData) -> list[Plot]:
+    usage = data.usage
+    if not usage.times:
+        return []
+    scale, unit = _time_axis(usage.duration_s)
+    start = usage.times[0]
+    xs = [(t - start) / scale for t in usage.times]
+    plots = []
+    if usage.total_cost > 0:
+        x, y = svg.downsample(xs, usage.cumulative_cost)
+        plots.append(Plot(
+            "spend_cost", "Cumulative cost", f"Model spend over the run's {usage.calls:,} calls, by call end time.",
+            svg.line([svg.Series("cost", x, y)], title="Cumulative cost", x_label=f"time since the first call ({unit})",
+                     y_label="USD", x_fmt=_short, y_fmt=_usd_axis),
+        ))
+    x, y = svg.downsample(xs, [float(t) for t in usage.cumulative_tokens])
+    plots.append(Plot(
+        "spend_tokens", "Cumulative tokens", "Input plus output tokens over the run, by call end time.",
+        svg.line([svg.Series("tokens", x, y)], title="Cumulative tokens (input + output)",
+                 x_label=f"time since the first call ({unit})", y_label="tokens", x_fmt=_short, y_fmt=_short),
+    ))
+    return plots
+
+
+def training(metrics: list[dict[str, Any]]) -> list[Plot]:
+    plots = []
+    for key, (title, label, percent) in TRAIN_CURVES.items():
+        pairs = [(float(m["step"]), float(m[key])) for m in metrics if isinstance(m.get(key), int | float)]
+        if not pairs:
+            continue
+        xs, ys = svg.downsample([p[0] for p in pairs], [p[1] for p in pairs])
+        plots.append(Plot(
+            f"train_{key}", title, f"{label} at each of {len(pairs)} logged steps.",
+            svg.line([svg.Series(key, xs, ys)], title=title, x_label="step", y_label=label, x_fmt=_short,
+                     y_fmt=_pct_axis if percent else _short, y_from_zero=key != "entropy"),
+        ))
+    return plots
