@@ -193,3 +193,24 @@ def test_no_spec_and_bad_flags_are_usage_errors(tmp_path: Path) -> None:
 
 def test_fixture_paths_exist() -> None:
     assert (FIXTURES / "behave_agent.py").is_file()
+
+
+def test_regression_gate_exits_3_only_for_a_worse_run(tmp_path: Path) -> None:
+    tasks = [{"id": f"t{i:02d}", "answer": "1"} for i in range(24)]
+    write_spec(tmp_path, tasks, concurrency=6)
+    first = _eval_json(tmp_path, "--no-report")
+    assert first["_returncode"] == 0 and first["variants"][0]["accuracy"]["mean"] == 1.0
+    same = run_agl(["eval", "agl.yaml", "--no-report", "--baseline", first["run_id"], "--fail-on-regression"],
+                   cwd=tmp_path)
+    assert same.returncode == 0, same.stderr
+    assert "no regression" in same.stderr
+    write_spec(tmp_path, tasks, concurrency=6, agent={"env": {"BEHAVE_WRONG": "1"}})
+    worse = run_agl(["eval", "agl.yaml", "--no-report", "--json", "--baseline", first["run_id"],
+                     "--fail-on-regression"], cwd=tmp_path)
+    assert worse.returncode == 3, worse.stderr
+    doc = json.loads(worse.stdout)
+    assert doc["regression"]["is_regression"] is True and "REGRESSION" in worse.stderr
+    gate_off = run_agl(["eval", "agl.yaml", "--no-report", "--baseline", first["run_id"]], cwd=tmp_path)
+    assert gate_off.returncode == 0  # without --fail-on-regression the verdict is shown, not enforced
+    missing = run_agl(["eval", "agl.yaml", "--fail-on-regression"], cwd=tmp_path)
+    assert missing.returncode == 2 and "--baseline" in missing.stderr

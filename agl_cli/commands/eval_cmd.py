@@ -160,6 +160,23 @@ def execute_eval(
     }
 
 
+def _write_report(run: RunDir) -> dict[str, str]:
+    """Best effort: a report that cannot be written never fails the evaluation it describes."""
+    from agl_cli.console import stderr_console
+
+    try:
+        from agl_cli.report import write_report
+
+        paths = write_report(run.path)
+    except Exception as exc:  # noqa: BLE001 - reported, and the run's data is safe in the store
+        stderr_console().print(f"report not written: {exc}")
+        return {}
+    written = {p.suffix[1:]: str(p) for p in paths if p.stem == "report"}
+    if "html" in written:
+        stderr_console().print(f"report: {written['html']}")
+    return written
+
+
 @handle_errors
 def eval_command(
     config: Annotated[Path | None, typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,
@@ -175,6 +192,11 @@ def eval_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-rollout progress.")] = False,
     concurrency: Annotated[int | None, typer.Option(help="Rollouts at once (default: the spec's).")] = None,
+    baseline: Annotated[str | None, typer.Option(help="A run to judge this one against (paired, same tasks).")] = None,
+    fail_on_regression: Annotated[
+        bool, typer.Option(help="With --baseline: exit 3 when the paired interval says this run is worse.")
+    ] = False,
+    report: Annotated[bool, typer.Option(help="Write the Markdown and HTML report into the run folder.")] = True,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, stderr_console, stdout_console
@@ -189,12 +211,27 @@ def eval_command(
         if config is None:
             raise UsageError("give the experiment spec: agl eval path/to/agl.yaml (or --resume RUN)")
         spec, run, variants, plan = _prepare_new(config, variant or [], limit, seeds, split, runs_dir)
+    if fail_on_regression and baseline is None:
+        raise UsageError("--fail-on-regression needs --baseline RUN, the run to compare against")
+    baseline_run = None
+    if baseline is not None:
+        from agl_cli.rundir import find_run
+
+        baseline_run = find_run(baseline, runs_dir)  # before spending anything: a typo fails fast
     if concurrency is not None:
         if concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
         spec.concurrency = concurrency
     result = execute_eval(spec, run, variants, plan, quiet=quiet)
     summaries = result.pop("_summaries")
+    if report:
+        result["report"] = _write_report(run)
+    gate: tuple[bool, str] | None = None
+    if baseline_run is not None:
+        from agl_cli.report import regression_verdict
+
+        gate = regression_verdict(baseline_run, run)
+        result["regression"] = {"baseline": baseline_run.run_id, "is_regression": gate[0], "explanation": gate[1]}
     if json_output:
         print_json(result)
     else:
@@ -202,8 +239,12 @@ def eval_command(
         out.print(variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
         print_missing_reasons(out, summaries)
         stderr_console().print(f"run stored in {run.path}")
+    if gate is not None:
+        stderr_console().print(("REGRESSION: " if gate[0] else "no regression: ") + gate[1])
     if result["status"] == "interrupted":
         raise typer.Exit(130)
+    if gate is not None and gate[0] and fail_on_regression:
+        raise typer.Exit(3)
     if not any(s.accuracy.n for s in summaries):
         stderr_console().print("no rollout produced a reward; see the reasons above")
         raise typer.Exit(1)
