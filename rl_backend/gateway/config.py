@@ -54,3 +54,6 @@ class ResolvedUpstream(BaseModel):
     timeout_s: float = 600.0
     # vLLM-style servers (vLLM itself, the embedded server) return token ids and logprobs when asked.
     returns_token_ids: bool = False
+    # Whether calls cost nothing per token (a model we serve ourselves). None: decided by the gateway, which counts
+    # upstreams that return token ids or live on a loopback address as free, and prices the rest from its table.
+    free: bool | None = None

@@ -1,0 +1,397 @@
+"""The gateway: rollout registry and auth, the HTTP routes, admin (pause/resume), and starting it on a thread.
+
+An agent gets base URLs under `/rollouts/<rid>/` and a token valid for that rollout only. Every model call it makes
+becomes one CallRecord in the run store (see proxy.py); a reward it posts goes to the store too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rl_backend.gateway.apis import build_exchange
+from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
+from rl_backend.gateway.exchange import check_optional
+from rl_backend.gateway.knobs import validate_knobs
+from rl_backend.gateway.pricing import PriceTable
+from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
+from rl_backend.gateway.routing import Router
+from rl_backend.gateway.upstream import RetryPolicy, UpstreamClient
+from rl_backend.gateway.writer import RecordWriter
+from rl_backend.httpserver import ServerThread
+from rl_backend.store.db import RunStore
+
+
+@dataclass
+class _Rollout:
+    token: str
+    knobs: dict[str, Any]
+
+
+def _dialect_of(path: str) -> Dialect:
+    return "anthropic" if "/anthropic/" in path else "openai"
+
+
+def _presented_token(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object, or a 4xx saying what is wrong with it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body of {int(declared)} bytes is over this gateway's limit of {limit} bytes")
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise GatewayError(413, f"request body is over this gateway's limit of {limit} bytes")
+    if not buf:
+        raise GatewayError(400, "the request has no body: send a JSON object")
+    try:
+        data = json.loads(bytes(buf))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise GatewayError(400, f"the request body must be a JSON object, got a JSON {type(data).__name__}")
+    return data
+
+
+class Gateway:
+    def __init__(
+        self,
+        upstreams: dict[str, ResolvedUpstream],
+        store: RunStore,
+        *,
+        default_model: str | None = None,
+        admin_token: str | None = None,
+        record_token_ids: bool = True,
+        max_body_bytes: int = 32 * 2**20,
+        prices: Mapping[str, Mapping[str, float]] | None = None,
+        retry: RetryPolicy | None = None,
+        durable_before_reply: bool = True,
+        pause_retry_after_s: float = 2.0,
+    ) -> None:
+        self.router = Router(upstreams, default_model)
+        self.store = store
+        self.admin_token = admin_token
+        self.record_token_ids = record_token_ids
+        self.max_body_bytes = max_body_bytes
+        self.pause_retry_after_s = pause_retry_after_s
+        self.state = GatewayState()
+        self.writer = RecordWriter(store)
+        self.services = Services(
+            client=UpstreamClient(retry),
+            writer=self.writer,
+            prices=PriceTable(prices),
+            state=self.state,
+            durable_before_reply=durable_before_reply,
+        )
+        self._rollouts: dict[str, _Rollout] = {}
+        self._secrets = tuple(u.api_key for u in upstreams.values() if u.api_key)
+        self._app: Starlette | None = None
+        self.base_url: str | None = None  # set by start_gateway
+
+    # -- rollouts -------------------------------------------------------------------------------------------------
+
+    def register_rollout(self, rollout_id: str, knobs: dict[str, Any] | None = None) -> str:
+        """Admit a rollout; returns its secret token (the agent's API key). Raises ValueError for bad knobs."""
+        if not rollout_id or "/" in rollout_id or rollout_id != rollout_id.strip():
+            raise ValueError(f"rollout id {rollout_id!r} cannot be used in a URL path")
+        checked = validate_knobs(knobs)
+        if "model" in checked:
+            self.router.resolve(None, checked["model"], rollout_id)  # fail now, not at the agent's first call
+        token = "agl-" + secrets.token_urlsafe(24)
+        self._rollouts[rollout_id] = _Rollout(token, checked)
+        return token
+
+    def unregister_rollout(self, rollout_id: str) -> None:
+        self._rollouts.pop(rollout_id, None)
+
+    def _authorize(self, request: Request) -> tuple[str, _Rollout]:
+        rollout_id = request.path_params["rid"]
+        entry = self._rollouts.get(rollout_id)
+        if entry is None:
+            raise GatewayError(
+                404,
+                f"rollout {rollout_id!r} is not registered with this gateway (it has ended, or the base URL is "
+                "wrong): use the base URL agl gave this agent",
+                code="rollout_not_found",
+            )
+        token = _presented_token(request)
+        if token is None:
+            raise GatewayError(
+                401,
+                "no API key: send this rollout's token (the OPENAI_API_KEY / ANTHROPIC_API_KEY agl set) as "
+                "`Authorization: Bearer <token>` or `x-api-key`",
+                code="invalid_api_key",
+            )
+        if not hmac.compare_digest(token.encode(), entry.token.encode()):
+            raise GatewayError(
+                401,
+                f"this API key is not valid for rollout {rollout_id!r}: each rollout has its own token; use the "
+                "API key agl set in this agent's environment",
+                code="invalid_api_key",
+            )
+        return rollout_id, entry
+
+    # -- pause, resume, state (Python side, for an in-process trainer) --------------------------------------------
+
+    def pause(self) -> None:
+        """New calls get 429 with Retry-After; calls in flight finish."""
+        self.state.paused = True
+
+    def resume(self, model_version: str | None = None) -> None:
+        if model_version is not None:
+            self.state.model_version = model_version
+        self.state.paused = False
+
+    @property
+    def in_flight(self) -> int:
+        return self.state.in_flight
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Block (not on the gateway's loop) until no call is in flight; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.state.in_flight > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Block until every record queued so far is committed."""
+        return self.writer.flush(timeout_s)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "paused": self.state.paused,
+            "in_flight": self.state.in_flight,
+            "model_version": self.state.model_version,
+            "calls_started": self.state.calls_started,
+            "calls_recorded": self.writer.written,
+            "rollouts": len(self._rollouts),
+        }
+
+    # -- HTTP -----------------------------------------------------------------------------------------------------
+
+    @property
+    def app(self) -> Starlette:
+        if self._app is None:
+            self._app = self._build_app()
+        return self._app
+
+    def _build_app(self) -> Starlette:
+        prefix = "/rollouts/{rid}"
+
+        def proxy(kind: str) -> Any:
+            async def endpoint(request: Request) -> Response:
+                return await self._proxy(request, kind)
+
+            return endpoint
+
+        routes = [
+            Route(f"{prefix}/openai/v1/chat/completions", proxy("chat"), methods=["POST"]),
+            Route(f"{prefix}/openai/v1/completions", proxy("completions"), methods=["POST"]),
+            Route(f"{prefix}/openai/v1/responses", proxy("responses"), methods=["POST"]),
+            Route(f"{prefix}/anthropic/v1/messages", proxy("messages"), methods=["POST"]),
+            Route(f"{prefix}/openai/v1/models", self._models, methods=["GET"]),
+            Route(f"{prefix}/reward", self._reward, methods=["POST"]),
+            Route("/admin/pause", self._admin_pause, methods=["POST"]),
+            Route("/admin/resume", self._admin_resume, methods=["POST"]),
+            Route("/admin/state", self._admin_state, methods=["GET"]),
+            Route("/healthz", self._health, methods=["GET"]),
+        ]
+
+        async def http_error(request: Request, exc: Exception) -> Response:
+            status = exc.status_code if isinstance(exc, HTTPException) else 500
+            if status == 404:
+                message = (
+                    f"no such endpoint {request.url.path!r}: this gateway serves /rollouts/<id>/openai/v1/"
+                    "chat/completions, …/completions, …/responses and /rollouts/<id>/anthropic/v1/messages"
+                )
+            elif status == 405:
+                message = f"{request.method} is not allowed on {request.url.path!r}"
+            else:
+                message = f"gateway error: {exc}"
+            return json_response(status, error_body(status, message, _dialect_of(request.url.path)))
+
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            self.writer.start()
+            await self.services.client.start()
+            try:
+                yield
+            finally:
+                await self.services.client.aclose()
+                await anyio.to_thread.run_sync(self.writer.close)
+
+        return Starlette(
+            routes=routes,
+            exception_handlers={404: http_error, 405: http_error, Exception: http_error},
+            lifespan=lifespan,
+        )
+
+    async def _proxy(self, request: Request, kind: str) -> Response:
+        dialect: Dialect = "anthropic" if kind == "messages" else "openai"
+        started_at, t0 = time.time(), time.perf_counter()
+        try:
+            rollout_id, entry = self._authorize(request)
+            if self.state.paused:
+                raise GatewayError(
+                    429,
+                    "the gateway is paused while the model is updated; retry shortly",
+                    code="gateway_paused",
+                    headers={"retry-after": f"{self.pause_retry_after_s:g}"},
+                )
+        except GatewayError as exc:
+            return error_response(exc, dialect)
+        # In flight from admission on, so a drain that starts while this body is still arriving waits for it.
+        self.state.in_flight += 1
+        try:
+            body = await read_json_object(request, self.max_body_bytes)
+            check_optional(body, "model", "string")
+            request_model = body.get("model")
+            route = self.router.resolve(request_model, entry.knobs.get("model"), rollout_id)
+            token_ids = self.record_token_ids and route.upstream.returns_token_ids
+            exchange = build_exchange(kind, body, route, token_ids=token_ids, knobs=entry.knobs)
+        except BaseException as exc:
+            self.state.in_flight -= 1
+            if isinstance(exc, GatewayError):
+                return error_response(exc, dialect)
+            raise
+        applied = {"model": entry.knobs["model"]} if "model" in entry.knobs else {}
+        return ProxyCall(
+            self.services,
+            exchange,
+            rollout_id=rollout_id,
+            request_model=request_model,
+            agent_headers={k.lower(): v for k, v in request.headers.items()},
+            knobs_applied=applied,
+            secrets=(*self._secrets, entry.token),
+            started_at=started_at,
+            t0=t0,
+        )
+
+    async def _models(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        names = [self.router.default_model] if self.router.default_model else []
+        names += [f"{n}/{u.default_model}" for n, u in self.router.upstreams.items() if u.default_model]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": n.split("/", 1)[0]} for n in dict.fromkeys(names)]
+        return json_response(200, {"object": "list", "data": data})
+
+    async def _reward(self, request: Request) -> Response:
+        try:
+            rollout_id, _ = self._authorize(request)
+            body = await read_json_object(request, 2**20)
+            reward = body.get("reward")
+            if (
+                isinstance(reward, bool)
+                or not isinstance(reward, int | float)
+                or reward != reward
+                or abs(reward) == float("inf")
+            ):
+                raise GatewayError(400, f"`reward` must be a finite number, got {reward!r}", param="reward")
+            detail = body.get("detail")
+            if detail is not None and not isinstance(detail, dict):
+                raise GatewayError(400, "`detail` must be a JSON object when given", param="detail")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        value = float(reward)
+        await self.writer.call(lambda store: store.report_reward(rollout_id, value, detail))
+        return json_response(200, {"ok": True, "rollout_id": rollout_id, "reward": value})
+
+    # -- admin ----------------------------------------------------------------------------------------------------
+
+    def _admin_guard(self, request: Request) -> None:
+        if self.admin_token is None:
+            raise GatewayError(403, "admin endpoints are off: this gateway was started without an admin token")
+        token = _presented_token(request)
+        if token is None or not hmac.compare_digest(token.encode(), self.admin_token.encode()):
+            raise GatewayError(401, "admin endpoints need `Authorization: Bearer <admin token>`")
+
+    async def _admin_body(self, request: Request) -> dict[str, Any]:
+        if request.headers.get("content-length") in (None, "0"):
+            return {}
+        return await read_json_object(request, 2**16)
+
+    async def _admin_pause(self, request: Request) -> Response:
+        try:
+            self._admin_guard(request)
+            body = await self._admin_body(request)
+            check_optional(body, "drain_timeout_s", "number")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        self.pause()
+        drained = self.state.in_flight == 0
+        timeout = body.get("drain_timeout_s")
+        if timeout:
+            with anyio.move_on_after(float(timeout)):
+                while self.state.in_flight > 0:
+                    await asyncio.sleep(0.005)
+            drained = self.state.in_flight == 0
+        return json_response(200, {**self.state_dict(), "drained": drained})
+
+    async def _admin_resume(self, request: Request) -> Response:
+        try:
+            self._admin_guard(request)
+            body = await self._admin_body(request)
+            check_optional(body, "model_version", "string")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        self.resume(body.get("model_version"))
+        return json_response(200, self.state_dict())
+
+    async def _admin_state(self, request: Request) -> Response:
+        try:
+            self._admin_guard(request)
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        return json_response(200, self.state_dict())
+
+    async def _health(self, request: Request) -> Response:
+        return json_response(200, {"ok": True})
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> ServerThread:
+    """Serve the gateway on a background thread; returns the started server (its .base_url)."""
+    if not _is_loopback_host(host) and not gateway.admin_token:
+        raise ValueError(
+            f"refusing to serve the gateway on {host!r}: beyond loopback it needs an admin token "
+            "(Gateway(..., admin_token=...))"
+        )
+    server = ServerThread(gateway.app, host, port).start()
+    gateway.base_url = server.base_url
+    return server

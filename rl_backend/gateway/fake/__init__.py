@@ -1,0 +1,261 @@
+"""A scripted OpenAI- and Anthropic-compatible upstream for tests and benchmarks: a real HTTP server on loopback.
+
+Replies are deterministic (see replies.py). Faults are queued with `fail()` and consumed one per request, in order:
+`status` (an error status, optionally with Retry-After), `slow` (a delay before the first byte), `malformed`
+(invalid JSON, or an invalid stream event), `reset` (the connection dropped after `after_events` stream events),
+`hang` (never answers; counts the caller hanging up in `cancelled`), `slow_stream` (a delay between events).
+Every request is kept in `requests` (path, headers, body) so tests can check what reached the upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from rl_backend.gateway.fake import anthropic_shapes, openai_shapes
+from rl_backend.gateway.fake.replies import chat_reply, make_reply
+from rl_backend.httpserver import ServerThread
+
+
+@dataclass
+class Fault:
+    kind: str
+    status: int = 500
+    retry_after: str | None = None
+    after_events: int = 2
+    delay_s: float = 0.0
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class _Call:
+    n: int
+    fault: Fault | None
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+class _Hang(Response):
+    """Never answers; notices the caller hanging up (the gateway cancelling its request)."""
+
+    def __init__(self, fake: FakeUpstream) -> None:
+        self.fake = fake
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.fake.note_cancelled()
+
+
+class _Stream(Response):
+    """Server-sent events, with the stream faults; notices the caller hanging up mid-stream."""
+
+    def __init__(self, fake: FakeUpstream, events: list[bytes], delay_s: float, reset_at: int | None) -> None:
+        self.fake, self.events, self.delay_s, self.reset_at = fake, events, delay_s, reset_at
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        done = False
+        gone = False
+
+        async def watch(cancel: anyio.CancelScope) -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not done:
+                gone = True
+                cancel.cancel()
+
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            try:
+                for i, event in enumerate(self.events):
+                    if i == self.reset_at:
+                        return  # leaving a started response unfinished makes the server drop the connection
+                    if self.delay_s and i:
+                        await anyio.sleep(self.delay_s)
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                tg.cancel_scope.cancel()
+        if gone:
+            self.fake.note_cancelled()
+
+
+class FakeUpstream:
+    def __init__(self, *, api_key: str | None = None, model_version: str | None = None, cached_tokens: int = 0) -> None:
+        self.api_key = api_key
+        self.model_version = model_version
+        self.cached_tokens = cached_tokens
+        self.chunk_delay_s = 0.0
+        self.requests: list[Seen] = []
+        self.cancelled = 0
+        self._faults: deque[Fault] = deque()
+        self._lock = threading.Lock()
+        self._n = 0
+        self.server: ServerThread | None = None
+
+    # -- scripting ------------------------------------------------------------------------------------------------
+
+    def fail(self, kind: str, times: int = 1, **options: Any) -> None:
+        with self._lock:
+            self._faults.extend(Fault(kind, **options) for _ in range(times))
+
+    def reset(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self.requests.clear()
+            self.cancelled = 0
+            self.chunk_delay_s = 0.0
+
+    def note_cancelled(self) -> None:
+        with self._lock:
+            self.cancelled += 1
+
+    def _take(self, request: Request, body: Any) -> _Call:
+        with self._lock:
+            self._n += 1
+            self.requests.append(Seen(request.url.path, dict(request.headers), body))
+            return _Call(self._n, self._faults.popleft() if self._faults else None)
+
+    # -- serving --------------------------------------------------------------------------------------------------
+
+    @property
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),
+            ]
+        )
+
+    def start(self) -> FakeUpstream:
+        self.server = ServerThread(self.app).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    @property
+    def url(self) -> str:
+        """Root URL (Anthropic style: the client appends /v1/messages)."""
+        assert self.server is not None, "start() the fake first"
+        return self.server.base_url
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI-style base URL, ending in /v1."""
+        return self.url + "/v1"
+
+    async def _begin(self, request: Request, anthropic: bool) -> tuple[_Call, Response | None]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        call = self._take(request, body)
+        if self.api_key is not None:
+            got = request.headers.get("x-api-key") if anthropic else request.headers.get("authorization")
+            want = self.api_key if anthropic else f"Bearer {self.api_key}"
+            if got != want:
+                return call, JSONResponse({"error": {"message": "bad key", "type": "authentication_error"}}, 401)
+        if not isinstance(body, dict):
+            return call, JSONResponse({"error": {"message": "body is not a JSON object", "type": "invalid"}}, 400)
+        call.body = body
+        fault = call.fault
+        if fault is None:
+            return call, None
+        if fault.kind == "slow":
+            await asyncio.sleep(fault.delay_s)
+        elif fault.kind == "status":
+            headers = {"retry-after": fault.retry_after} if fault.retry_after is not None else None
+            err = {"message": f"fake upstream failure {fault.status}", "type": "server_error"}
+            payload = {"type": "error", "error": err} if anthropic else {"error": err}
+            return call, JSONResponse(payload, fault.status, headers=headers)
+        elif fault.kind == "hang":
+            return call, _Hang(self)
+        elif fault.kind == "malformed" and not body.get("stream"):
+            return call, Response(b'{"id": "broken", "choices": [', media_type="application/json")
+        return call, None
+
+    def _sse(self, call: _Call, events: Sequence[tuple[str | None, Any]]) -> Response:
+        fault = call.fault
+        kind = fault.kind if fault is not None else None
+        delay = fault.delay_s if fault is not None and kind == "slow_stream" else self.chunk_delay_s
+        encoded = []
+        for i, (name, data) in enumerate(events):
+            text = data if isinstance(data, str) else json.dumps(data)
+            if kind == "malformed" and i == 1:
+                text = "{not json"
+            encoded.append(((f"event: {name}\n" if name else "") + f"data: {text}\n\n").encode())
+        reset_at = fault.after_events if fault is not None and kind == "reset" else None
+        return _Stream(self, encoded, delay, reset_at)
+
+    async def _chat(self, request: Request) -> Response:
+        call, early = await self._begin(request, anthropic=False)
+        if early is not None:
+            return early
+        body, reply = call.body, chat_reply(call.body)
+        n, cached, version = call.n, self.cached_tokens, self.model_version
+        if body.get("stream"):
+            chunks = openai_shapes.chat_chunks(body, reply, n=n, cached=cached, version=version)
+            return self._sse(call, [*((None, c) for c in chunks), (None, "[DONE]")])
+        return JSONResponse(openai_shapes.chat_completion(body, reply, n=n, cached=cached, version=version))
+
+    async def _completions(self, request: Request) -> Response:
+        call, early = await self._begin(request, anthropic=False)
+        if early is not None:
+            return early
+        body = call.body
+        texts, last = openai_shapes.completion_reply_inputs(body)
+        reply = make_reply(texts, last, tools=None, max_tokens=body.get("max_tokens"))
+        n, cached, version = call.n, self.cached_tokens, self.model_version
+        if body.get("stream"):
+            chunks = openai_shapes.completion_chunks(body, reply, n=n, cached=cached, version=version)
+            return self._sse(call, [*((None, c) for c in chunks), (None, "[DONE]")])
+        return JSONResponse(openai_shapes.completion(body, reply, n=n, cached=cached, version=version))
+
+    async def _responses(self, request: Request) -> Response:
+        call, early = await self._begin(request, anthropic=False)
+        if early is not None:
+            return early
+        body = call.body
+        texts, last = openai_shapes.responses_inputs(body)
+        reply = make_reply(texts, last, tools=None, max_tokens=body.get("max_output_tokens"))
+        if body.get("stream"):
+            events = openai_shapes.response_events(body, reply, n=call.n, cached=self.cached_tokens)
+            return self._sse(call, events)
+        return JSONResponse(openai_shapes.response_object(body, reply, n=call.n, cached=self.cached_tokens))
+
+    async def _messages(self, request: Request) -> Response:
+        call, early = await self._begin(request, anthropic=True)
+        if early is not None:
+            return early
+        body, reply = call.body, chat_reply(call.body)
+        if body.get("stream"):
+            events = anthropic_shapes.message_events(body, reply, n=call.n, cached=self.cached_tokens)
+            return self._sse(call, events)
+        return JSONResponse(anthropic_shapes.message(body, reply, n=call.n, cached=self.cached_tokens))

@@ -1,0 +1,277 @@
+"""OpenAI Chat Completions through the gateway: knobs in, token ids and usage asked for, the agent's shape kept.
+
+When the upstream is vLLM-like and recording token ids is on, the upstream is asked for `return_token_ids` and
+`logprobs`; when streaming, always for the usage chunk. Whatever of that the agent did not ask for is removed from
+what it receives, so it sees the response shape it would have got without the gateway.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rl_backend.gateway.errors import error_body
+from rl_backend.gateway.exchange import (
+    Exchange,
+    bad_request,
+    check_common,
+    check_messages,
+    check_optional,
+    int_list,
+    usage_from_openai,
+)
+from rl_backend.gateway.knobs import apply_openai_chat
+from rl_backend.gateway.routing import Route
+from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event
+from rl_backend.store.records import Api
+
+
+def validate_chat(body: dict[str, Any]) -> None:
+    check_common(body)
+    check_messages(body)
+    for name in ("max_tokens", "max_completion_tokens", "n", "top_logprobs", "seed"):
+        check_optional(body, name, "int")
+    for name in ("logprobs", "return_token_ids", "parallel_tool_calls"):
+        check_optional(body, name, "bool")
+    for name in ("stream_options", "response_format"):
+        check_optional(body, name, "object")
+    check_optional(body, "tools", "array")
+
+
+def chat_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if not isinstance(content, list):
+        return None
+    values = [e.get("logprob") for e in content if isinstance(e, dict)]
+    return [float(v) for v in values if isinstance(v, int | float)]
+
+
+class ChatAccumulator:
+    """Rebuilds the chat.completion a stream amounts to, from its chunks."""
+
+    def __init__(self, *, keep_logprobs: bool) -> None:
+        self.keep_logprobs = keep_logprobs
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, Any] | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.model_version: str | None = None
+
+    def add(self, chunk: Mapping[str, Any]) -> bool:
+        """Fold one chunk in; True when it carried generated output."""
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if chunk.get(key) is not None and key not in self.head:
+                self.head[key] = chunk[key]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if self.prompt_token_ids is None:
+            self.prompt_token_ids = int_list(chunk.get("prompt_token_ids"))
+        if isinstance(chunk.get("model_version"), str):
+            self.model_version = chunk["model_version"]
+        produced = False
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            state = self.choices.setdefault(
+                int(choice.get("index") or 0),
+                {"role": None, "content": [], "reasoning": [], "tools": {}, "finish": None, "lp": [], "ids": []},
+            )
+            delta = choice.get("delta") or {}
+            if delta.get("role"):
+                state["role"] = delta["role"]
+            for key, into in (("content", "content"), ("reasoning_content", "reasoning"), ("reasoning", "reasoning")):
+                if isinstance(delta.get(key), str) and delta[key]:
+                    state[into].append(delta[key])
+                    produced = True
+            for call in delta.get("tool_calls") or []:
+                produced = True
+                slot = state["tools"].setdefault(
+                    int(call.get("index") or 0), {"id": None, "type": "function", "name": "", "arguments": []}
+                )
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                fn = call.get("function") or {}
+                if fn.get("name"):
+                    slot["name"] += fn["name"]
+                if fn.get("arguments"):
+                    slot["arguments"].append(fn["arguments"])
+            if choice.get("finish_reason"):
+                state["finish"] = choice["finish_reason"]
+            lp = choice.get("logprobs")
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+                state["lp"].extend(lp["content"])
+            ids = int_list(choice.get("token_ids"))
+            if ids:
+                state["ids"].extend(ids)
+                produced = True
+        return produced
+
+    def result(self) -> dict[str, Any]:
+        choices = []
+        for index in sorted(self.choices):
+            state = self.choices[index]
+            message: dict[str, Any] = {"role": state["role"] or "assistant", "content": "".join(state["content"])}
+            if state["reasoning"]:
+                message["reasoning_content"] = "".join(state["reasoning"])
+            if state["tools"]:
+                if not state["content"]:
+                    message["content"] = None
+                message["tool_calls"] = [
+                    {"id": t["id"], "type": t["type"], "function": {"name": t["name"], "arguments": "".join(t["arguments"])}}
+                    for _, t in sorted(state["tools"].items())
+                ]
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "finish_reason": state["finish"],
+                    "logprobs": {"content": state["lp"]} if self.keep_logprobs and state["lp"] else None,
+                }
+            )
+        return {**self.head, "object": "chat.completion", "choices": choices, "usage": self.usage}
+
+    def completion_token_ids(self) -> list[int] | None:
+        state = self.choices.get(0)
+        return list(state["ids"]) if state and state["ids"] else None
+
+    def logprobs(self) -> list[float] | None:
+        state = self.choices.get(0)
+        if not state or not state["lp"]:
+            return None
+        return chat_logprobs({"logprobs": {"content": state["lp"]}})
+
+
+class OpenAIExchange(Exchange):
+    """What chat and completions share: the asked-for shape, in-stream errors, [DONE]."""
+
+    dialect = "openai"
+
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool) -> None:
+        super().__init__(body, route, token_ids=token_ids)
+        options = body.get("stream_options")
+        self.want_usage_chunk = isinstance(options, dict) and options.get("include_usage") is True
+        self.want_token_ids = body.get("return_token_ids") is True
+        self.done = False
+
+    def error_event(self, message: str) -> bytes:
+        return encode_json_event(error_body(502, message, "openai"))
+
+    def is_terminal(self, event: SSEEvent) -> bool:
+        return event.data.strip() == "[DONE]"
+
+    def stream_complete(self) -> bool:
+        return self.done
+
+    def _strip_token_ids(self, obj: dict[str, Any]) -> bool:
+        if self.want_token_ids:
+            return False
+        modified = obj.pop("prompt_token_ids", None) is not None
+        for choice in obj.get("choices") or []:
+            if isinstance(choice, dict):
+                modified |= choice.pop("token_ids", None) is not None
+                modified |= choice.pop("prompt_token_ids", None) is not None
+        return modified
+
+    def _strip_usage(self, chunk: dict[str, Any]) -> tuple[bool, bool]:
+        """(drop the chunk, modified) for a usage the agent did not ask to be streamed."""
+        if self.want_usage_chunk or "usage" not in chunk:
+            return False, False
+        if chunk.get("usage") is not None and not chunk.get("choices"):
+            return True, False
+        chunk.pop("usage")
+        return False, True
+
+    def _parse_chunk(self, event: SSEEvent) -> dict[str, Any] | None:
+        """The chunk as JSON; None for [DONE]. An error payload is remembered for the record."""
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return None
+        chunk = json.loads(event.data)
+        if not isinstance(chunk, dict):
+            raise ValueError(f"stream chunk is {type(chunk).__name__}, not an object")
+        if chunk.get("error") is not None and not chunk.get("choices"):
+            err = chunk["error"]
+            self.outcome.error = str(err.get("message") if isinstance(err, dict) else err)
+        return chunk
+
+
+class ChatExchange(OpenAIExchange):
+    api = Api.openai_chat
+    path = "/chat/completions"
+
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        validate_chat(body)
+        super().__init__(body, route, token_ids=token_ids)
+        request = dict(body)
+        request["model"] = route.model
+        self.knobs_applied = apply_openai_chat(request, knobs)
+        self.request_record = request
+        self.want_logprobs = body.get("logprobs") is True
+        self.forced_logprobs = token_ids and not self.want_logprobs
+        self.acc = ChatAccumulator(keep_logprobs=self.want_logprobs)
+
+    def upstream_body(self) -> dict[str, Any]:
+        body = dict(self.request_record)
+        if self.stream:
+            options = body.get("stream_options")
+            body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        if self.token_ids:
+            body["return_token_ids"] = True
+            body["logprobs"] = True
+        return body
+
+    def _strip(self, obj: dict[str, Any]) -> bool:
+        modified = self._strip_token_ids(obj)
+        if self.forced_logprobs:
+            for choice in obj.get("choices") or []:
+                if isinstance(choice, dict) and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+                    modified = True
+        return modified
+
+    def process_response(self, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise ValueError("the upstream's answer is not a chat.completion object")
+        out = self.outcome
+        out.usage = usage_from_openai(data.get("usage"))
+        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
+        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
+        first = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
+        out.prompt_token_ids = int_list(data.get("prompt_token_ids"))
+        out.completion_token_ids = int_list(first.get("token_ids"))
+        out.logprobs = chat_logprobs(first)
+        self._strip(data)
+        out.response = data
+        return data
+
+    def process_event(self, event: SSEEvent) -> list[bytes]:
+        chunk = self._parse_chunk(event)
+        if chunk is None:
+            return [encode_event(event.data, event.event)]
+        if self.acc.add(chunk):
+            self.output_started = True
+        drop, modified = self._strip_usage(chunk)
+        if drop:
+            return []
+        modified |= self._strip(chunk)
+        return [encode_json_event(chunk, event.event) if modified else event.encode()]
+
+    def collect(self) -> None:
+        out, acc = self.outcome, self.acc
+        out.response = acc.result()
+        out.usage = usage_from_openai(acc.usage)
+        out.upstream_model = acc.head.get("model")
+        out.model_version = acc.model_version
+        out.prompt_token_ids = acc.prompt_token_ids
+        out.completion_token_ids = acc.completion_token_ids()
+        out.logprobs = acc.logprobs()
+
+
+def bad_route(api: str, route: Route) -> Exception:
+    return bad_request(
+        f"{api} calls need an OpenAI-compatible upstream, but model {route.model!r} routes to upstream "
+        f"{route.upstream.name!r}, which speaks the Anthropic API; use the Anthropic Messages endpoint for it",
+        "model",
+    )

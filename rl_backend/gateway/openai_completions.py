@@ -1,0 +1,159 @@
+"""OpenAI (legacy) Completions through the gateway; token ids and logprobs asked for and recorded like chat.
+
+vLLM puts `prompt_token_ids` and `token_ids` on each choice of a completion (the first stream chunk of a choice
+carries the prompt ids), and logprobs as `{tokens, token_logprobs, top_logprobs, text_offset}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rl_backend.gateway.exchange import bad_request, check_common, check_optional, int_list, usage_from_openai
+from rl_backend.gateway.knobs import apply_openai_completions
+from rl_backend.gateway.openai_chat import OpenAIExchange
+from rl_backend.gateway.routing import Route
+from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event
+from rl_backend.store.records import Api
+
+
+def validate_completions(body: dict[str, Any]) -> None:
+    check_common(body)
+    prompt = body.get("prompt")
+    ok = isinstance(prompt, str) or (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and (
+            all(isinstance(p, str) for p in prompt)
+            or all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+            or all(isinstance(p, list) for p in prompt)
+        )
+    )
+    if not ok:
+        raise bad_request("`prompt` must be a string, an array of strings, or token ids", "prompt")
+    for name in ("max_tokens", "n", "logprobs", "seed", "best_of"):
+        check_optional(body, name, "int")
+    for name in ("echo", "return_token_ids"):
+        check_optional(body, name, "bool")
+    check_optional(body, "stream_options", "object")
+
+
+def _token_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
+    lp = choice.get("logprobs")
+    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    if not isinstance(values, list):
+        return None
+    return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
+class CompletionsExchange(OpenAIExchange):
+    api = Api.openai_completions
+    path = "/completions"
+
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        validate_completions(body)
+        super().__init__(body, route, token_ids=token_ids)
+        request = dict(body)
+        request["model"] = route.model
+        self.knobs_applied = apply_openai_completions(request, knobs)
+        self.request_record = request
+        self.want_logprobs = body.get("logprobs") is not None
+        self.forced_logprobs = token_ids and not self.want_logprobs
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.usage: dict[str, Any] | None = None
+        self.model_version: str | None = None
+
+    def upstream_body(self) -> dict[str, Any]:
+        body = dict(self.request_record)
+        if self.stream:
+            options = body.get("stream_options")
+            body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        if self.token_ids:
+            body["return_token_ids"] = True
+            if not self.want_logprobs:
+                # 1, not 0: a server that tests `if logprobs:` would read 0 as "no logprobs".
+                body["logprobs"] = 1
+        return body
+
+    def _strip(self, obj: dict[str, Any]) -> bool:
+        modified = self._strip_token_ids(obj)
+        if self.forced_logprobs:
+            for choice in obj.get("choices") or []:
+                if isinstance(choice, dict) and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+                    modified = True
+        return modified
+
+    def process_response(self, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise ValueError("the upstream's answer is not a text_completion object")
+        out = self.outcome
+        out.usage = usage_from_openai(data.get("usage"))
+        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
+        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
+        first = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
+        out.prompt_token_ids = int_list(first.get("prompt_token_ids"))
+        out.completion_token_ids = int_list(first.get("token_ids"))
+        out.logprobs = _token_logprobs(first)
+        self._strip(data)
+        out.response = data
+        return data
+
+    def _add(self, chunk: dict[str, Any]) -> None:
+        for key in ("id", "created", "model"):
+            if chunk.get(key) is not None and key not in self.head:
+                self.head[key] = chunk[key]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if isinstance(chunk.get("model_version"), str):
+            self.model_version = chunk["model_version"]
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            state = self.choices.setdefault(
+                int(choice.get("index") or 0),
+                {"text": [], "finish": None, "tokens": [], "lps": [], "ids": [], "prompt_ids": None},
+            )
+            if isinstance(choice.get("text"), str) and choice["text"]:
+                state["text"].append(choice["text"])
+                self.output_started = True
+            if choice.get("finish_reason"):
+                state["finish"] = choice["finish_reason"]
+            lp = choice.get("logprobs")
+            if isinstance(lp, dict):
+                state["tokens"].extend(lp.get("tokens") or [])
+                state["lps"].extend(_token_logprobs(choice) or [])
+            state["ids"].extend(int_list(choice.get("token_ids")) or [])
+            if state["prompt_ids"] is None:
+                state["prompt_ids"] = int_list(choice.get("prompt_token_ids"))
+
+    def process_event(self, event: SSEEvent) -> list[bytes]:
+        chunk = self._parse_chunk(event)
+        if chunk is None:
+            return [encode_event(event.data, event.event)]
+        self._add(chunk)
+        drop, modified = self._strip_usage(chunk)
+        if drop:
+            return []
+        modified |= self._strip(chunk)
+        return [encode_json_event(chunk, event.event) if modified else event.encode()]
+
+    def collect(self) -> None:
+        out = self.outcome
+        choices = []
+        for index in sorted(self.choices):
+            state = self.choices[index]
+            logprobs = {"tokens": state["tokens"], "token_logprobs": state["lps"]} if self.want_logprobs else None
+            choices.append(
+                {"index": index, "text": "".join(state["text"]), "finish_reason": state["finish"], "logprobs": logprobs}
+            )
+        out.response = {**self.head, "object": "text_completion", "choices": choices, "usage": self.usage}
+        out.usage = usage_from_openai(self.usage)
+        out.upstream_model = self.head.get("model")
+        out.model_version = self.model_version
+        first = self.choices.get(0)
+        if first is not None:
+            out.prompt_token_ids = first["prompt_ids"]
+            out.completion_token_ids = first["ids"] or None
+            out.logprobs = first["lps"] or None

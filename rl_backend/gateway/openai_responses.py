@@ -1,0 +1,120 @@
+"""OpenAI Responses through the gateway: knobs in, events passed on unchanged, the final response recorded.
+
+A Responses stream ends with `response.completed` (or `.incomplete` / `.failed`), whose payload is the whole
+response with its usage: that is what the record keeps. Responses servers return no token ids, so none are asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_optional, usage_from_openai
+from rl_backend.gateway.knobs import apply_openai_responses
+from rl_backend.gateway.routing import Route
+from rl_backend.gateway.sse import SSEEvent, encode_json_event
+from rl_backend.store.records import Api
+
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def validate_responses(body: dict[str, Any]) -> None:
+    check_common(body)
+    if not isinstance(body.get("input"), str | list):
+        raise bad_request("`input` must be a string or an array of input items", "input")
+    check_optional(body, "instructions", "string")
+    check_optional(body, "max_output_tokens", "int")
+    for name in ("reasoning", "text"):
+        check_optional(body, name, "object")
+    check_optional(body, "tools", "array")
+
+
+class ResponsesExchange(Exchange):
+    api = Api.openai_responses
+    dialect = "openai"
+    path = "/responses"
+
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        validate_responses(body)
+        super().__init__(body, route, token_ids=False)
+        request = dict(body)
+        request["model"] = route.model
+        self.knobs_applied = apply_openai_responses(request, knobs)
+        self.request_record = request
+        self.final: dict[str, Any] | None = None
+        self.partial: list[str] = []
+        self.last_sequence = 0
+
+    def upstream_body(self) -> dict[str, Any]:
+        return dict(self.request_record)
+
+    def _finish(self, response: dict[str, Any]) -> None:
+        out = self.outcome
+        out.response = response
+        out.usage = usage_from_openai(response.get("usage"))
+        out.upstream_model = response.get("model") if isinstance(response.get("model"), str) else None
+        out.model_version = response.get("model_version") if isinstance(response.get("model_version"), str) else None
+        err = response.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            out.error = str(err["message"])
+
+    def process_response(self, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("object") not in ("response", None) or "output" not in data:
+            raise ValueError("the upstream's answer is not a response object")
+        self._finish(data)
+        return data
+
+    @staticmethod
+    def _kind(event: SSEEvent) -> str | None:
+        if event.event:
+            return event.event
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            return None
+        return data.get("type") if isinstance(data, dict) else None
+
+    def is_terminal(self, event: SSEEvent) -> bool:
+        return self._kind(event) in TERMINAL
+
+    def process_event(self, event: SSEEvent) -> list[bytes]:
+        data = json.loads(event.data)
+        if not isinstance(data, dict):
+            raise ValueError(f"stream event is {type(data).__name__}, not an object")
+        kind = data.get("type") or event.event
+        if isinstance(data.get("sequence_number"), int):
+            self.last_sequence = data["sequence_number"]
+        if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
+            self.partial.append(data["delta"])
+            self.output_started = True
+        elif isinstance(kind, str) and kind.endswith(".delta"):
+            self.output_started = True
+        elif kind in TERMINAL and isinstance(data.get("response"), dict):
+            self.final = data["response"]
+        elif kind == "error":
+            self.outcome.error = str(data.get("message") or data.get("error") or "error event")
+        return [event.encode()]
+
+    def stream_complete(self) -> bool:
+        return self.final is not None
+
+    def collect(self) -> None:
+        if self.final is not None:
+            error = self.outcome.error
+            self._finish(self.final)
+            self.outcome.error = self.outcome.error or error
+        else:  # cut short: keep the text that did arrive
+            self.outcome.response = {"object": "response", "status": "incomplete", "output_text": "".join(self.partial)}
+
+    def error_event(self, message: str) -> bytes:
+        # `error` makes the openai SDK raise; the other fields are the Responses API's own error event.
+        payload = {
+            "type": "error",
+            "code": "upstream_error",
+            "message": message,
+            "param": None,
+            "sequence_number": self.last_sequence + 1,
+            "error": {"message": message, "type": "api_error"},
+        }
+        return encode_json_event(payload, "error")

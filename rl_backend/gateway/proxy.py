@@ -1,0 +1,377 @@
+"""One proxied call, end to end: upstream request, response or stream passed on, and exactly one call record.
+
+`ProxyCall` is the ASGI response for a call that passed auth and validation. It runs the upstream exchange while
+watching for the agent to hang up; when it does, the upstream request is cancelled (its connection closed) and the
+record says so. Every run writes one record, failures included. The record is committed before the agent gets the
+response's last byte (the body, or a stream's terminal event), so a call the agent saw finish is in the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from rl_backend.gateway.errors import error_body, upstream_error_message
+from rl_backend.gateway.exchange import Exchange
+from rl_backend.gateway.pricing import PriceTable, upstream_is_free
+from rl_backend.gateway.sse import SSEDecoder, SSEEvent
+from rl_backend.gateway.upstream import UpstreamClient, UpstreamUnavailable, close_quietly
+from rl_backend.gateway.writer import RecordWriter
+from rl_backend.store.records import CallRecord
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; the agent never got a full answer
+_PASS_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
+
+
+@dataclass
+class GatewayState:
+    """Mutable state shared by the calls of one gateway; touched only on its event loop (reads from anywhere)."""
+
+    paused: bool = False
+    in_flight: int = 0
+    model_version: str | None = None
+    calls_started: int = 0
+
+
+@dataclass
+class Services:
+    client: UpstreamClient
+    writer: RecordWriter
+    prices: PriceTable
+    state: GatewayState
+    durable_before_reply: bool = True
+
+
+class ProxyCall(Response):
+    """The response for one admitted call; it owns one unit of `GatewayState.in_flight` and releases it at the end."""
+
+    def __init__(
+        self,
+        services: Services,
+        exchange: Exchange,
+        *,
+        rollout_id: str,
+        request_model: str | None,
+        agent_headers: dict[str, str],
+        knobs_applied: dict[str, Any],
+        secrets: tuple[str, ...],
+        started_at: float,
+        t0: float,
+    ) -> None:
+        self.background = None
+        self.services = services
+        self.exchange = exchange
+        self.rollout_id = rollout_id
+        self.request_model = request_model
+        self.agent_headers = agent_headers
+        self.knobs_applied = knobs_applied
+        self.secrets = tuple(s for s in secrets if s)
+        self.call_id = f"call-{uuid.uuid4().hex}"
+        self.started_at = started_at  # when the request arrived (time.time)
+        self.t0 = t0  # the same instant on perf_counter, for latency and ttft
+        self.ttft_s: float | None = None
+        self.status: int | None = None
+        self.error: str | None = None
+        self.failure_body: dict[str, Any] | None = None
+        self.events_sent = 0
+        self.response_started = False
+        self.response_done = False
+        self.client_gone = False
+        self.recorded = False
+
+    # -- ASGI -----------------------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The gateway counted this call in flight when it admitted it (before reading its body): see Gateway._proxy.
+        state = self.services.state
+        state.calls_started += 1
+        bug: Exception | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
+                try:
+                    await self._run(send)
+                except Exception as exc:
+                    bug = exc
+                finally:
+                    tg.cancel_scope.cancel()
+            if bug is not None:  # a gateway bug: the agent gets a 500 in its API's shape, the call is recorded
+                log.error("gateway: call %s failed inside the gateway", self.call_id, exc_info=bug)
+                self.error = self.error or f"gateway_error: {type(bug).__name__}: {bug}"
+                self.status = 500
+                if not self.response_started:
+                    await self._send_json(send, 500, error_body(500, f"gateway error: {bug}", self.exchange.dialect))
+                elif not self.response_done:
+                    await self._send_events(send, [self.exchange.error_event(f"gateway error: {bug}")], last=True)
+        finally:
+            state.in_flight -= 1
+            if self.client_gone:
+                self.status = CLIENT_CLOSED
+                where = f"after {self.events_sent} stream events" if self.response_started else "before any answer"
+                self.error = f"client_disconnected: the agent closed the connection {where}"
+            elif not self.recorded and not self.response_done:  # cancelled from outside: the server is stopping
+                self.status = 503
+                self.error = self.error or "cancelled: the gateway stopped before the call finished"
+            if not self.recorded:
+                self.recorded = True
+                try:
+                    self.services.writer.submit(self._record())
+                except Exception:
+                    log.exception("gateway: could not build the record of call %s", self.call_id)
+
+    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                # Our own last send also ends the cycle (the server then reports a disconnect): not the agent leaving.
+                if not self.response_done:
+                    self.client_gone = True
+                    scope.cancel()
+                return
+
+    # -- the exchange ---------------------------------------------------------------------------------------------
+
+    async def _run(self, send: Send) -> None:
+        ex = self.exchange
+        body = json.dumps(ex.upstream_body(), separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            opened = await self.services.client.open(ex.route, ex.path, body, ex.upstream_headers(self.agent_headers))
+        except UpstreamUnavailable as exc:
+            await self._fail(send, exc.status, f"upstream_unavailable: {exc.message}", exc.message)
+            return
+        response = opened.response
+        try:
+            if not 200 <= response.status_code < 300:
+                await self._pass_error(send, response)
+            elif ex.stream:
+                await self._stream(send, response)
+            else:
+                await self._whole(send, response)
+        finally:
+            await close_quietly(response)
+
+    async def _pass_error(self, send: Send, response: httpx.Response) -> None:
+        """An upstream error status after retries: the agent gets it as the upstream said it."""
+        try:
+            raw = await response.aread()
+        except httpx.HTTPError as exc:
+            await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream error body unreadable: {exc}")
+            return
+        self.status = response.status_code
+        self.error = f"upstream_http_{response.status_code}: {upstream_error_message(raw)}"
+        try:
+            parsed = json.loads(raw)
+            self.failure_body = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            self.failure_body = None
+        content, ctype = self.exchange.error_from_upstream(
+            response.status_code, raw, response.headers.get("content-type", "application/json")
+        )
+        headers = {k: response.headers[k] for k in _PASS_HEADERS if k in response.headers}
+        await self._commit()
+        await self._send_whole(send, response.status_code, content, ctype, headers)
+
+    async def _whole(self, send: Send, response: httpx.Response) -> None:
+        try:
+            raw = await response.aread()
+        except httpx.TimeoutException:
+            await self._fail(send, 504, "upstream_timeout: no full answer in time", "upstream timed out")
+            return
+        except httpx.HTTPError as exc:
+            await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream connection broke: {exc}")
+            return
+        try:
+            data = self.exchange.process_response(json.loads(raw))
+        except ValueError as exc:
+            snippet = raw[:200].decode("utf-8", "replace")
+            await self._fail(send, 502, f"upstream_malformed: {exc}: {snippet!r}", f"upstream sent a malformed answer: {exc}")
+            return
+        self.status = response.status_code
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        await self._commit()
+        await self._send_whole(send, response.status_code, payload, "application/json", {})
+
+    async def _stream(self, send: Send, response: httpx.Response) -> None:
+        ex = self.exchange
+        self.status = response.status_code
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
+        self.response_started = True
+        decoder = SSEDecoder()
+        chunks = response.aiter_bytes()
+        try:
+            async for chunk in chunks:
+                for event in decoder.feed(chunk):
+                    if await self._forward(send, event):
+                        await self._drain(chunks)
+                        return
+            for event in decoder.flush():
+                if await self._forward(send, event):
+                    return
+        except httpx.TimeoutException:
+            await self._break_stream(send, "upstream_timeout: the stream stalled past the upstream's timeout")
+            return
+        except httpx.HTTPError as exc:
+            await self._break_stream(send, f"upstream_stream_broken: {type(exc).__name__}: {exc}")
+            return
+        except ValueError as exc:
+            await self._break_stream(send, f"upstream_malformed: a stream event was not valid JSON ({exc})")
+            return
+        tail = ex.finish_stream()
+        if not ex.stream_complete():
+            await self._break_stream(send, "upstream_stream_incomplete: the upstream ended the stream early", tail)
+            return
+        await self._commit()
+        await self._send_events(send, tail, last=True)
+
+    async def _forward(self, send: Send, event: SSEEvent) -> bool:
+        """Pass one event on; True when it was the terminal one (then the response is complete)."""
+        ex = self.exchange
+        terminal = ex.is_terminal(event)
+        out = ex.process_event(event)
+        if ex.output_started and self.ttft_s is None:
+            self.ttft_s = time.perf_counter() - self.t0
+        if terminal:
+            await self._commit()
+            await self._send_events(send, out, last=True)
+            return True
+        await self._send_events(send, out)
+        return False
+
+    async def _drain(self, chunks: AsyncIterator[bytes]) -> None:
+        """Read what follows the terminal event so the upstream connection can be reused; never wait long."""
+        with anyio.move_on_after(1.0):
+            try:
+                async for _ in chunks:
+                    pass
+            except httpx.HTTPError:
+                pass
+
+    async def _break_stream(self, send: Send, error: str, tail: list[bytes] | None = None) -> None:
+        self.error = error
+        self.status = 502
+        message = error.split(": ", 1)[-1]
+        await self._commit()
+        await self._send_events(
+            send, [*(tail or []), self.exchange.error_event(f"upstream failed mid-stream: {message}")], last=True
+        )
+
+    async def _fail(self, send: Send, status: int, error: str, message: str) -> None:
+        self.status = status
+        self.error = error
+        await self._commit()
+        await self._send_json(send, status, error_body(status, message, self.exchange.dialect))
+
+    # -- sending --------------------------------------------------------------------------------------------------
+
+    async def _send_events(self, send: Send, events: list[bytes], *, last: bool = False) -> None:
+        if last:
+            self.response_done = True
+        for data in events:
+            self.events_sent += 1
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        if last:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_whole(self, send: Send, status: int, body: bytes, ctype: str, headers: dict[str, str]) -> None:
+        raw_headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
+        raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+        self.response_done = True
+        self.response_started = True
+        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_json(self, send: Send, status: int, payload: dict[str, Any]) -> None:
+        await self._send_whole(send, status, json.dumps(payload).encode(), "application/json", {})
+
+    # -- the record -----------------------------------------------------------------------------------------------
+
+    async def _commit(self) -> None:
+        """Write the record; with durable_before_reply, wait for its commit before the agent's last byte."""
+        if self.recorded:
+            return
+        self.recorded = True
+        record = self._record()
+        if not self.services.durable_before_reply:
+            self.services.writer.submit(record)
+            return
+        # If the store fails, the agent still gets its answer; the writer has logged why.
+        with contextlib.suppress(Exception):
+            await self.services.writer.write(record)
+
+    def _record(self) -> CallRecord:
+        ex = self.exchange
+        if ex.stream:
+            ex.collect()
+        out = ex.outcome
+        if out.error and not self.error:
+            self.error = f"upstream_error_event: {out.error}"
+        usage = out.usage
+        free = upstream_is_free(ex.route.upstream)
+        if usage.input_tokens is None and self.status is not None and self.status >= 400:
+            cost: float | None = 0.0  # a refused call is not billed
+        else:
+            cost = self.services.prices.cost([ex.route.model, out.upstream_model], usage, free=free)
+        record = CallRecord(
+            call_id=self.call_id,
+            rollout_id=self.rollout_id,
+            api=ex.api,
+            upstream=ex.route.upstream.name,
+            request_model=self.request_model,
+            model=ex.route.model,
+            request=ex.request_record,
+            response=out.response if out.response is not None else self.failure_body,
+            stream=ex.stream,
+            status_code=self.status,
+            error=self.error,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cached_tokens=usage.cached_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            cost_usd=cost,
+            started_at=self.started_at,
+            ended_at=time.time(),
+            latency_s=time.perf_counter() - self.t0,
+            ttft_s=self.ttft_s,
+            prompt_token_ids=out.prompt_token_ids,
+            completion_token_ids=out.completion_token_ids,
+            logprobs=out.logprobs,
+            model_version=out.model_version or self.services.state.model_version,
+            knobs_applied={**self.knobs_applied, **ex.knobs_applied},
+        )
+        return _redact(record, self.secrets)
+
+
+def _redact(record: CallRecord, secrets: tuple[str, ...]) -> CallRecord:
+    """Belt and braces: a key or token the agent echoed into its request body never reaches the store."""
+    if not secrets:
+        return record
+    text = json.dumps([record.request, record.response, record.error])
+    if not any(s in text for s in secrets):
+        return record
+    for secret in secrets:
+        text = text.replace(json.dumps(secret)[1:-1], "[redacted]")
+    request, response, error = json.loads(text)
+    return record.model_copy(update={"request": request, "response": response, "error": error})

@@ -1,0 +1,77 @@
+"""Model routing: which upstream, which model name and which replica serve a call.
+
+`upstream/model` names an upstream directly; any other name goes to the default model; a rollout's `model` knob
+overrides both. A rollout always lands on the same replica of a multi-URL upstream (hash of its id), so a
+vLLM fleet reuses its prefix cache across the turns of one agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.gateway.errors import GatewayError
+
+
+@dataclass(frozen=True)
+class Route:
+    upstream: ResolvedUpstream
+    model: str
+    replica: int  # index into upstream.base_urls of this rollout's replica
+
+
+def replica_index(rollout_id: str, n: int) -> int:
+    if n <= 1:
+        return 0
+    digest = hashlib.sha256(rollout_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % n
+
+
+class Router:
+    def __init__(self, upstreams: Mapping[str, ResolvedUpstream], default_model: str | None) -> None:
+        if not upstreams:
+            raise ValueError("the gateway needs at least one upstream")
+        for name, up in upstreams.items():
+            if not up.base_urls:
+                raise ValueError(f"upstream {name!r} has no base URL")
+        self.upstreams = dict(upstreams)
+        self.default_model = default_model
+        if default_model is not None:
+            self._split(default_model, what="default_model")
+
+    def _split(self, name: str, *, what: str) -> tuple[ResolvedUpstream, str | None]:
+        """'upstream/model' (the model part may hold more slashes) or a bare upstream name."""
+        head, sep, tail = name.partition("/")
+        if head in self.upstreams:
+            return self.upstreams[head], (tail or None) if sep else None
+        raise ValueError(
+            f"{what} {name!r} names no upstream; write it as 'upstream/model' with upstream one of {sorted(self.upstreams)}"
+        )
+
+    def known(self) -> list[str]:
+        return sorted(self.upstreams)
+
+    def resolve(self, request_model: str | None, knob_model: str | None, rollout_id: str) -> Route:
+        if knob_model is not None:
+            upstream, model = self._split(knob_model, what="the rollout's model knob")
+        else:
+            head, sep, tail = (request_model or "").partition("/")
+            if sep and tail and head in self.upstreams:
+                upstream, model = self.upstreams[head], tail
+            elif self.default_model is not None:
+                upstream, model = self._split(self.default_model, what="default_model")
+            else:
+                raise GatewayError(
+                    400,
+                    f"model {request_model!r} names no upstream of this gateway and it has no default model: ask "
+                    f"for 'upstream/model' with upstream one of {self.known()}, or set `model:` in agl.yaml",
+                    param="model",
+                    code="model_not_found",
+                )
+        # A bare upstream name as the default: that upstream's own default model, else the name the agent used.
+        model = model or upstream.default_model or request_model
+        if not model:
+            raise GatewayError(400, f"no model name to send to upstream {upstream.name!r}: give `model`", param="model")
+        return Route(upstream, model, replica_index(rollout_id, len(upstream.base_urls)))
