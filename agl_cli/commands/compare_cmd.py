@@ -1,0 +1,228 @@
+"""`agl compare A B [C ...]`: each candidate judged against the baseline A on the tasks and seeds both have.
+
+A reference is a run (`RUN`, when it holds one variant), a variant of a run or study (`RUN:variant`), or a bare
+variant name, looked up in `--run`, else in the run another reference names, else in the latest run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from agl_cli.cli_support import handle_errors
+
+if TYPE_CHECKING:
+    from agl_cli.rundir import RunDir
+    from rl_backend.store.records import Rollout
+
+TESTS = {"mcnemar_exact": "McNemar exact", "sign_test": "sign test", "none": "no test"}
+
+
+@dataclass
+class Side:
+    ref: str
+    run: RunDir
+    variant: str
+    rollouts: list[Rollout]
+    totals: dict[str, dict[str, float]]
+
+    @property
+    def label(self) -> str:
+        return f"{self.run.run_id}:{self.variant}"
+
+
+def _variants_in(run: RunDir) -> list[str]:
+    store = run.open_store()
+    try:
+        names = list(store.variants())
+        seen = {r.variant for r in store.rollouts(latest_only=True)}
+    finally:
+        store.close()
+    return [n for n in names if n in seen] + sorted(seen - set(names))
+
+
+def _pick(run: RunDir, name: str, ref: str) -> str:
+    names = _variants_in(run)
+    if name in names:
+        return name
+    from agl_cli.errors import UsageError
+
+    raise UsageError(f"{ref!r}: run {run.run_id} has no variant {name!r}; its variants: {', '.join(names) or 'none'}")
+
+
+def _try_run(text: str, runs_dir: Path | None) -> RunDir | None:
+    from agl_cli.errors import UsageError
+    from agl_cli.rundir import find_run
+
+    try:
+        return find_run(text, runs_dir)
+    except UsageError:
+        return None
+
+
+def resolve(refs: list[str], context: str | None, runs_dir: Path | None) -> list[tuple[str, RunDir, str]]:
+    """Each reference as (ref, run, variant name)."""
+    from agl_cli.errors import UsageError
+    from agl_cli.rundir import find_run
+
+    resolved: list[tuple[str, RunDir, str] | None] = []
+    runs_seen: list[RunDir] = []
+    for ref in refs:
+        run_part, sep, variant_part = ref.partition(":")
+        run = _try_run(run_part, runs_dir) if sep else None
+        if run is not None:
+            resolved.append((ref, run, _pick(run, variant_part, ref)))
+            runs_seen.append(run)
+            continue
+        run = _try_run(ref, runs_dir)
+        if run is not None:
+            names = _variants_in(run)
+            if len(names) != 1:
+                raise UsageError(
+                    f"{ref!r}: run {run.run_id} holds {len(names)} variants ({', '.join(names) or 'none'})",
+                    hint=f"name one: {run.run_id}:VARIANT",
+                )
+            resolved.append((ref, run, names[0]))
+            runs_seen.append(run)
+            continue
+        resolved.append(None)
+    if any(r is None for r in resolved):
+        home = find_run(context, runs_dir) if context else runs_seen[0] if runs_seen else _try_run("latest", runs_dir)
+        if home is None:
+            raise UsageError(f"{refs[[r is None for r in resolved].index(True)]!r} is neither a run nor a variant "
+                             "of one", hint="`agl runs` lists runs; name a variant as RUN:variant")
+        resolved = [r if r is not None else (ref, home, _pick(home, ref, ref)) for r, ref in zip(resolved, refs,
+                                                                                                   strict=True)]
+    return [r for r in resolved if r is not None]
+
+
+def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
+    from agl_cli.errors import UsageError
+
+    store = run.open_store()
+    try:
+        rollouts = [r for r in store.rollouts(variant=variant, latest_only=True)
+                    if r.status.terminal and (split is None or r.split == split)]
+        totals = store.call_totals_by_rollout()
+    finally:
+        store.close()
+    if not rollouts:
+        where = f" in split {split!r}" if split else ""
+        raise UsageError(f"{ref!r}: variant {variant!r} of run {run.run_id} has no finished rollouts{where}")
+    return Side(ref, run, variant, rollouts, totals)
+
+
+def _measure(side: Side) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
+    cost = {(r.task_id, r.seed): float(side.totals.get(r.id, {}).get("cost_usd", 0.0)) for r in side.rollouts}
+    latency = {(r.task_id, r.seed): d for r in side.rollouts if (d := r.duration_s) is not None}
+    return cost, latency
+
+
+def compare_sides(base: Side, candidates: list[Side]) -> list[dict[str, Any]]:
+    from agl_cli.optimize.objectives import scores_of
+    from agl_cli.paired import compare_many, difference
+
+    base_scores = scores_of(base.rollouts)
+    cand_scores = {str(i): scores_of(side.rollouts) for i, side in enumerate(candidates)}
+    results = compare_many(base_scores, cand_scores)
+    base_cost, base_latency = _measure(base)
+    docs = []
+    for i, side in enumerate(candidates):
+        cost, latency = _measure(side)
+        shared = {(r.task_id, r.seed) for r in base.rollouts} & {(r.task_id, r.seed) for r in side.rollouts}
+        result = results[str(i)]
+        docs.append({
+            "candidate": {"ref": side.ref, "run_id": side.run.run_id, "variant": side.variant},
+            **result.as_dict(),
+            "unscored_pairs": len(shared) - result.n_pairs,
+            "cost_usd_per_task": difference(base_cost, cost).as_dict(),
+            "latency_s": difference(base_latency, latency).as_dict(),
+        })
+    return docs
+
+
+def _signed(value: float | None, ci: list[float] | None, fmt: str, scale: float = 1.0) -> str:
+    if value is None:
+        return "—"
+    text = format(scale * value, fmt)
+    return text if not ci else f"{text} [{format(scale * ci[0], fmt)}, {format(scale * ci[1], fmt)}]"
+
+
+def sentence(label: str, doc: dict[str, Any]) -> str:
+    """One line a person can read: the verdict, the effect with its interval, the test and, if undecided, how
+    many more tasks would likely decide it."""
+    diff = doc["difference"]
+    p = f"p={doc['p_value']:.3g}" + (f", Holm {doc['p_adjusted']:.3g}" if doc["p_adjusted"] != doc["p_value"] else "")
+    text = (
+        f"{label}: {doc['verdict']} — accuracy {_signed(diff['mean'], diff['ci95'], '+.1f', 100)} points over "
+        f"{doc['n_tasks']} tasks ({doc['n_pairs']} pairs; {TESTS.get(doc['test'], doc['test'])} {p})"
+    )
+    cost = doc.get("cost_usd_per_task")
+    if cost and cost["difference"]["mean"]:
+        text += f"; cost/task {_signed(cost['difference']['mean'], cost['difference']['ci95'], '+.4f')} USD"
+    latency = doc.get("latency_s")
+    if latency and latency["difference"]["mean"] is not None:
+        text += f"; latency {_signed(latency['difference']['mean'], latency['difference']['ci95'], '+.2f')} s"
+    if doc.get("more_tasks"):
+        text += f"; about {doc['more_tasks']} more tasks would likely decide it"
+    return text
+
+
+@handle_errors
+def compare_command(
+    refs: Annotated[list[str], typer.Argument(help="A (the baseline), then B [C ...]: RUN, RUN:variant or a variant name.",
+                                              show_default=False)],
+    split: Annotated[Optional[str], typer.Option(help="Only rollouts of this split, e.g. val or test.")] = None,  # noqa: UP045
+    run: Annotated[Optional[str], typer.Option("--run", help="Where bare variant names are looked up.")] = None,  # noqa: UP045
+    fail_on_worse: Annotated[bool, typer.Option("--fail-on-worse", help="Exit 3 when a candidate is worse.")] = False,
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Judge B against A (paired, on shared tasks and seeds): better, worse or no detectable difference."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from agl_cli.console import print_json, stdout_console
+    from agl_cli.errors import AglError, UsageError
+    from agl_cli.paired import ALPHA, WORSE
+
+    if len(refs) < 2:
+        raise UsageError("give a baseline and at least one candidate: agl compare A B [C ...]")
+    sides = [load_side(ref, r, variant, split) for ref, r, variant in resolve(refs, run, runs_dir)]
+    base, candidates = sides[0], sides[1:]
+    docs = compare_sides(base, candidates)
+    empty = [d["candidate"]["ref"] for d in docs if d["n_pairs"] == 0]
+    if empty:
+        raise AglError(f"{', '.join(empty)} and {base.ref} share no scored (task, seed): nothing to compare",
+                       hint="compare runs over the same tasks (and --split), or variants of one run")
+    worse = any(d["verdict"] == WORSE for d in docs)
+    document = {
+        "baseline": {"ref": base.ref, "run_id": base.run.run_id, "variant": base.variant},
+        "split": split, "alpha": ALPHA, "correction": "holm" if len(docs) > 1 else "none",
+        "comparisons": docs, "verdict": docs[0]["verdict"] if len(docs) == 1 else None,
+    }
+    if json_output:
+        print_json(document)
+    else:
+        table = Table(title=f"against {base.label}" + (f" ({split})" if split else ""), title_justify="left")
+        for column in ("candidate", "tasks", "A", "B", "B - A [95% CI]", "p", "verdict"):
+            table.add_column(column, justify="left" if column in ("candidate", "verdict") else "right")
+        def short(side: Side) -> str:
+            return side.variant if side.run.path == base.run.path else side.label
+
+        for side, d in zip(candidates, docs, strict=True):
+            table.add_row(
+                Text(short(side)), str(d["n_tasks"]), f"{100 * d['baseline_mean']:.1f}%",
+                f"{100 * d['candidate_mean']:.1f}%",
+                _signed(d["difference"]["mean"], d["difference"]["ci95"], "+.1f", 100), f"{d['p_adjusted']:.3g}",
+                Text(d["verdict"]),
+            )
+        out = stdout_console()
+        out.print(table)
+        for side, d in zip(candidates, docs, strict=True):
+            out.print(sentence(short(side), d), markup=False)
+    if fail_on_worse and worse:
+        raise typer.Exit(3)

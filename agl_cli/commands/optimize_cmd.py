@@ -1,0 +1,182 @@
+"""`agl optimize`: search the knobs on the validation split under a hard budget, confirm the winner on the
+held-out test split, and write it as `agl.best.yaml` with its diff."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from agl_cli.cli_support import handle_errors
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class Strategy(str, Enum):
+    grid = "grid"
+    racing = "racing"
+
+
+def _check_positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    from agl_cli.errors import UsageError
+
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise UsageError(f"{name} must be {'non-negative' if allow_zero else 'positive'}, got {value:g}")
+
+
+def _print_projection(out: Console, doc: dict[str, Any]) -> None:
+    per = doc["per_rollout"]
+    out.print(f"dry run: {len(doc['variants'])} variants, strategy {doc['strategy']}, {doc['tasks']['search']} search "
+              f"tasks, {doc['tasks']['confirm']} confirm tasks, {doc['seeds']} seed(s); "
+              f"{doc['cached_rollouts']} rollouts already in the cache")
+    if per["source"] == "none":
+        out.print("no per-rollout cost or time known (no history for this agent version, and --pilot 0)")
+    else:
+        out.print(f"per rollout (from {per['source']}, n={per['n']}): ${per['cost_usd']:.5f}, "
+                  f"{per['input_tokens']:.0f} in / {per['output_tokens']:.0f} out tokens, {per['duration_s']:.1f}s")
+    for name, entry in doc["projected"].items():
+        line = f"  {name.replace('_', ' ')}: {entry['rollouts']} rollouts ({entry['to_run']} to run)"
+        if "cost_usd" in entry:
+            line += (f", ${entry['cost_usd']:.4f}, {entry['input_tokens'] + entry['output_tokens']:,} tokens, "
+                     f"about {entry['time_s'] / 60:.1f} min at concurrency {doc['concurrency']}")
+        out.print(line, markup=False)
+    budget = doc["budget"]
+    if budget["usd"] is not None or budget["rollouts"] is not None:
+        out.print(f"budget: ${budget['usd']} / {budget['rollouts']} rollouts (a hard ceiling: launching stops there)")
+    if doc.get("pilot_study"):
+        out.print(f"pilot kept in study {doc['pilot_study']}: `agl optimize --resume {doc['pilot_study']}` runs it")
+
+
+def _print_report(out: Console, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from agl_cli.commands.compare_cmd import sentence
+    from agl_cli.console import fmt_ci
+
+    table = Table(title=f"study {doc['study_id']} ({doc['strategy']}, {doc['splits']['search']['name']})",
+                  title_justify="left")
+    k = doc["seeds"]
+    for column in ("variant", "status", "n", "accuracy [95% CI]", f"pass^{k}", "$/task", "p95", "front"):
+        table.add_column(column, justify="left" if column in ("variant", "status") else "right")
+    for row in doc["variants"]:
+        acc = row["accuracy"]
+        status = "kept" if not row["dropped"] else f"out r{row['dropped']['round']}"
+        table.add_row(
+            Text(row["name"]), Text(status), str(row["n_tasks"]), fmt_ci(acc["mean"], acc["ci95"]),
+            "—" if row["pass_k"]["mean"] is None else f"{100 * row['pass_k']['mean']:.0f}%",
+            "—" if row["cost_per_task_usd"] is None else f"{row['cost_per_task_usd']:.4f}",
+            "—" if row["latency_p95_s"] is None else f"{row['latency_p95_s']:.1f}s",
+            "*" if row["pareto"] else "",
+        )
+    out.print(table)
+    winner = doc.get("winner")
+    if winner:
+        out.print(f"winner: {winner['name']}", markup=False)
+    for key in ("validation", "confirmation"):
+        if doc.get(key):
+            out.print(sentence(f"{key} ({doc[key]['split']})", doc[key]), markup=False)
+    for message in doc.get("messages", []):
+        out.print(f"note: {message}", markup=False)
+    out.print(f"recommendation: {doc.get('recommendation')}", markup=False)
+    if doc.get("best_config"):
+        out.print(f"written: {doc['best_config']['path']}", markup=False)
+        out.print(doc["best_config"]["diff"], markup=False, end="")
+    spend = doc["spend"]
+    out.print(f"spent ${spend['usd']:.4f} on {spend['rollouts']} rollouts; {spend['reused_from_cache']} reused",
+              markup=False)
+
+
+@handle_errors
+def optimize_command(
+    config: Annotated[Optional[Path], typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,  # noqa: UP045
+    strategy: Annotated[Optional[Strategy], typer.Option(help="grid, or racing (default past 2 variants).")] = None,  # noqa: UP045
+    variant: Annotated[Optional[list[str]], typer.Option("--variant", "-v", help="A candidate: knob=value[,knob=value]; repeatable.")] = None,  # noqa: UP045,E501
+    candidate: Annotated[Optional[list[str]], typer.Option(help="A candidate file for a file-valued knob: PATH or knob=PATH.")] = None,  # noqa: UP045,E501
+    grid: Annotated[bool, typer.Option("--grid", help="Every combination of the knobs' options (the default source).")] = False,  # noqa: E501
+    sample: Annotated[Optional[int], typer.Option(help="A seeded random sample of N grid variants.")] = None,  # noqa: UP045
+    sample_seed: Annotated[int, typer.Option(help="Seed of --sample.")] = 0,
+    budget_usd: Annotated[Optional[float], typer.Option(help="Hard ceiling on model spend (default: the spec's budget.usd).")] = None,  # noqa: UP045,E501
+    max_rollouts: Annotated[Optional[int], typer.Option(help="Hard ceiling on rollouts launched (default: budget.rollouts).")] = None,  # noqa: UP045,E501
+    max_cost_per_task: Annotated[Optional[float], typer.Option(help="Constraint: mean USD per task at most this.")] = None,  # noqa: UP045,E501
+    max_p95_latency: Annotated[Optional[float], typer.Option(help="Constraint: p95 seconds per task at most this.")] = None,  # noqa: UP045,E501
+    seeds: Annotated[Optional[int], typer.Option(help="Runs per task (default: the spec's seeds).")] = None,  # noqa: UP045
+    search_split: Annotated[str, typer.Option(help="The split the search runs on.")] = "val",
+    confirm_split: Annotated[str, typer.Option(help="The held-out split the winner is confirmed on.")] = "test",
+    first_batch: Annotated[Optional[int], typer.Option(help="Racing: tasks in the first round (default 1/16, >= 8).")] = None,  # noqa: UP045,E501
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not reuse rollouts of earlier runs.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Project rollouts, tokens, cost and time; run nothing big.")] = False,  # noqa: E501
+    pilot: Annotated[int, typer.Option(help="--dry-run without history: pilot this many baseline tasks (0: none).")] = 3,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this study (budget flags may be raised).")] = None,  # noqa: UP045
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-rollout progress (rounds and spend still show).")] = False,  # noqa: E501
+) -> None:
+    """Find the best variant on the validation split within a hard budget, confirm it on the test split."""
+    from agl_cli.console import print_json, stderr_console, stdout_console
+    from agl_cli.errors import UsageError
+    from agl_cli.optimize.study import StudyOptions, create, prepare, reopen
+    from agl_cli.rundir import runs_root
+
+    _check_positive("--budget-usd", budget_usd, allow_zero=True)
+    _check_positive("--max-rollouts", max_rollouts)
+    _check_positive("--max-cost-per-task", max_cost_per_task, allow_zero=True)
+    _check_positive("--max-p95-latency", max_p95_latency)
+    _check_positive("--first-batch", first_batch)
+    _check_positive("--pilot", pilot, allow_zero=True)
+    console = stderr_console()
+    if resume is not None:
+        chosen = [config, strategy, variant, candidate, sample, max_cost_per_task, max_p95_latency, seeds, first_batch]
+        if any(x for x in chosen) or grid or dry_run or search_split != "val" or confirm_split != "test":
+            raise UsageError("--resume STUDY takes no spec or search options, only --budget-usd and --max-rollouts: "
+                             "the study has the rest")
+        study = reopen(resume, runs_dir)
+        if budget_usd is not None:
+            study.options.budget_usd = budget_usd
+        if max_rollouts is not None:
+            study.options.max_rollouts = max_rollouts
+        use_cache = not study.options.no_cache
+    else:
+        if config is None:
+            raise UsageError("give the experiment spec: agl optimize path/to/agl.yaml (or --resume STUDY)")
+        options = StudyOptions(
+            strategy=strategy.value if strategy else None, variants=list(variant or []), grid=grid, sample=sample,
+            sample_seed=sample_seed, budget_usd=budget_usd, max_rollouts=max_rollouts,
+            max_cost_per_task=max_cost_per_task, max_p95_latency=max_p95_latency, seeds=seeds,
+            search_split=search_split, confirm_split=confirm_split, first_batch=first_batch, no_cache=no_cache,
+        )
+        study = prepare(config, options, list(candidate or []), Path.cwd())
+        use_cache = not no_cache
+        if dry_run:
+            from agl_cli.optimize.projection import dry_run as project
+
+            doc = project(study, runs_root(runs_dir), pilot=pilot, runs_dir=runs_dir, quiet=quiet, console=console)
+            if json_output:
+                print_json(doc)
+            else:
+                _print_projection(stdout_console(), doc)
+            return
+        create(study, runs_dir)
+    from agl_cli.optimize.engine import execute_study
+
+    if resume is not None:
+        manifest = study.run.manifest()
+        console.print(f"resuming study {study.run.run_id} (status {manifest.get('status')}): finished rollouts are "
+                      "kept, decisions are replayed from the store")
+    report = execute_study(study, quiet=quiet, use_cache=use_cache)
+    if report["status"] == "interrupted":
+        console.print(f"interrupted; nothing finished is lost. Resume with: agl optimize --resume {study.run.run_id}")
+        if json_output:
+            print_json(report)
+        raise typer.Exit(130)
+    if json_output:
+        print_json(report)
+    else:
+        _print_report(stdout_console(), report)
+        console.print(f"study stored in {study.run.path}")
+    if report.get("winner") is None:
+        console.print("no variant produced a reward; see `agl eval` on one variant for the reasons")
+        raise typer.Exit(1)

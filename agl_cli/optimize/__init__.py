@@ -1,0 +1,9 @@
+"""`agl optimize`: search the spec's knobs on the validation split, confirm the winner on the held-out test split.
+
+- `space`: which variants to try (baseline, explicit, grid, seeded sample, candidate files);
+- `racing`: the racing strategy's pure logic (schedule, drop rule), shared by the CLI and the benchmark;
+- `objectives`: per-variant accuracy, cost, latency, pass^k; Pareto front; the choice under constraints;
+- `cache`: the agent version and reuse of finished rollouts from earlier runs;
+- `study`: the study directory, its budget ledger and the runner that respects it;
+- `engine`: the whole flow; `projection`: `--dry-run`; `best_config`: writing `agl.best.yaml`.
+"""

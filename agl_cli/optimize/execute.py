@@ -1,0 +1,121 @@
+"""Running a batch of a study: copy what the cache already has, run the rest under the ledger's ceiling, and
+show progress with the spend so far on stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from agl_cli.evaluation import make_plan
+from agl_cli.optimize.cache import ResultCache
+from agl_cli.optimize.study import Ledger, Study, StudyRunner
+from agl_cli.tasks import Task
+from agl_cli.variants import Variant
+from rl_backend.store.db import RunStore
+from rl_backend.store.records import Rollout
+
+
+class SpendProgress:
+    """A bar on a terminal, else one line per finished rollout; both carry the spend against the budget."""
+
+    def __init__(self, console: Console, ledger: Ledger, *, label: str, total: int, quiet: bool) -> None:
+        self.console = console
+        self.ledger = ledger
+        self.label = label
+        self.total = total
+        self.done = 0
+        self.quiet = quiet
+        self.live = console.is_terminal and not quiet
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> SpendProgress:
+        if self.live:
+            self._progress = Progress(
+                TextColumn(f"[bold]{self.label}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                TimeElapsedColumn(), console=self.console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(self.ledger.describe(), total=self.total)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def on_event(self, kind: str, rollout: Rollout) -> None:
+        if kind != "finished":
+            return
+        self.done += 1
+        self.ledger.refresh()
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=self.done, description=self.ledger.describe())
+        elif not self.quiet:
+            outcome = f"reward {rollout.reward:g}" if rollout.reward is not None else f"no reward ({rollout.failure})"
+            self.console.print(
+                f"[{self.label} {self.done}/{self.total}] {rollout.variant} {rollout.task_id} seed {rollout.seed}: "
+                f"{outcome} | {self.ledger.describe()}",
+                markup=False,
+            )
+
+
+class Executor:
+    def __init__(self, study: Study, store: RunStore, runner: StudyRunner, ledger: Ledger, console: Console, *,
+                 cache: ResultCache | None, quiet: bool) -> None:
+        self.study = study
+        self.store = store
+        self.runner = runner
+        self.ledger = ledger
+        self.console = console
+        self.cache = cache
+        self.quiet = quiet
+        self.reused = 0
+
+    def run(self, variants: list[Variant], tasks: list[Task], *, label: str) -> bool:
+        """Run what is missing of variants x tasks x seeds; False when the budget stopped it."""
+        plan = make_plan(variants, tasks, self.study.seeds)
+        if self.cache is not None:
+            copied = self.cache.import_into(self.store, plan)
+            if copied:
+                self.reused += copied
+                self.console.print(f"{label}: {copied} rollouts reused from the cache (same variant, task, seed, agent)")
+        todo = self.runner.pending(plan)
+        if not todo:
+            return True
+        self.runner.stopped_for_budget = False
+        with SpendProgress(self.console, self.ledger, label=label, total=len(todo), quiet=self.quiet) as progress:
+            self.runner.on_event = progress.on_event
+            asyncio.run(self.runner.run(plan))
+        if self.runner.stopped_for_budget:
+            self.console.print(f"{label}: stopped at the budget ({self.ledger.describe()})")
+        return not self.runner.stopped_for_budget
+
+
+@contextlib.contextmanager
+def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> Iterator[Executor]:
+    """The study's store, ledger, model stack and runner, for as long as the block runs."""
+    from agl_cli.stack import running_stack
+    from rl_backend.rollout.local import LocalController
+
+    store = study.run.open_store()
+    try:
+        for variant in study.variants:
+            store.upsert_variant(variant.name, variant.hash, variant.settings)
+        opts = study.options
+        ledger = Ledger(
+            store,
+            max_rollouts=opts.max_rollouts if opts.max_rollouts is not None else study.spec.budget.rollouts,
+            max_usd=opts.budget_usd if opts.budget_usd is not None else study.spec.budget.usd,
+        )
+        cache = ResultCache(study.run.path.parent, study.agent_version, exclude=study.run.path) if use_cache else None
+        with running_stack(study.spec, store, log=console.print) as stack:
+            runner = StudyRunner(study.spec, study.run, store, stack, LocalController())
+            runner.ledger = ledger
+            yield Executor(study, store, runner, ledger, console, cache=cache, quiet=quiet)
+    finally:
+        store.close()
