@@ -214,3 +214,19 @@ def test_regression_gate_exits_3_only_for_a_worse_run(tmp_path: Path) -> None:
     assert gate_off.returncode == 0  # without --fail-on-regression the verdict is shown, not enforced
     missing = run_agl(["eval", "agl.yaml", "--fail-on-regression"], cwd=tmp_path)
     assert missing.returncode == 2 and "--baseline" in missing.stderr
+
+
+def test_eval_reuses_finished_rollouts_unless_no_cache(tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    write_spec(tmp_path, [{"id": f"t{i}", "answer": "1"} for i in range(5)], agent={"env": {"BEHAVE_MARKERS": str(markers)}})
+    first = _eval_json(tmp_path, "--no-report")
+    assert len(list(markers.iterdir())) == 5
+    second = _eval_json(tmp_path, "--no-report")
+    assert "reused 5 finished rollouts" in second["_stderr"]
+    assert len(list(markers.iterdir())) == 5  # nothing ran again
+    assert second["variants"][0]["accuracy"] == first["variants"][0]["accuracy"]
+    _eval_json(tmp_path, "--no-report", "--no-cache")
+    assert len(list(markers.iterdir())) == 10
+    study_like = run_agl(["eval", "--resume", second["run_id"]], cwd=tmp_path)
+    assert study_like.returncode == 0  # an eval run resumes (nothing left to do)

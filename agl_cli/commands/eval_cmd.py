@@ -22,6 +22,7 @@ def _prepare_new(
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.optimize.cache import agent_version
     from agl_cli.rundir import RunDir, git_sha, runs_root
     from agl_cli.spec import load_spec
     from agl_cli.tasks import load_tasks, select_tasks, task_set_hash
@@ -54,6 +55,7 @@ def _prepare_new(
             "task_ids": [t.id for t in tasks],
             "tasks_hash": task_set_hash(tasks),
             "agl_version": _version(),
+            "agent_version": agent_version(spec),
             "status": "running",
         },
     )
@@ -72,6 +74,12 @@ def _prepare_resume(
 
     run = find_run(reference, runs_dir)
     manifest = run.manifest()
+    if manifest.get("kind") != "eval":
+        raise UsageError(
+            f"run {run.run_id} is a {manifest.get('kind')} run, not an eval",
+            hint=f"resume it with: agl {'optimize' if manifest.get('kind') == 'study' else manifest.get('kind')} "
+            f"--resume {run.run_id}",
+        )
     spec = load_spec(Path(manifest["spec_path"]))
     by_id = {t.id: t for t in load_tasks(spec)}
     missing = [tid for tid in manifest["task_ids"] if tid not in by_id]
@@ -101,7 +109,8 @@ def _version() -> str:
 
 
 def execute_eval(
-    spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool
+    spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
+    use_cache: bool = True,
 ) -> dict[str, Any]:
     import asyncio
     import sys
@@ -119,6 +128,15 @@ def execute_eval(
         store.upsert_variant(variant.name, variant.hash, variant.settings)
     store.set_meta("plan_size", len(plan))
     manifest = run.manifest()
+    if use_cache and manifest.get("agent_version"):
+        from agl_cli.optimize.cache import ResultCache
+
+        reused = ResultCache(run.path.parent, manifest["agent_version"], exclude=run.path).import_into(store, plan)
+        if reused:
+            console.print(
+                f"reused {reused} finished rollouts of earlier runs with the same agent, variant, task and seed "
+                "(--no-cache runs them again)"
+            )
     console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
     interrupted = False
     with running_stack(spec, store, log=console.print) as stack:
@@ -197,6 +215,7 @@ def eval_command(
         bool, typer.Option(help="With --baseline: exit 3 when the paired interval says this run is worse.")
     ] = False,
     report: Annotated[bool, typer.Option(help="Write the Markdown and HTML report into the run folder.")] = True,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every rollout, even ones done before.")] = False,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, stderr_console, stdout_console
@@ -222,7 +241,7 @@ def eval_command(
         if concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
         spec.concurrency = concurrency
-    result = execute_eval(spec, run, variants, plan, quiet=quiet)
+    result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache)
     summaries = result.pop("_summaries")
     if report:
         result["report"] = _write_report(run)
