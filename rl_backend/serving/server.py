@@ -152,6 +152,8 @@ async def _complete(request: Request, reply: Reply, stream: AsyncIterator[Any]) 
         watch.cancel()
         if not work.done():
             work.cancel()
+            # Cancelling only asks; wait until the task has really stopped before reading its state.
+            await asyncio.gather(work, return_exceptions=True)
     if work.cancelled():
         return Response(status_code=499)  # nobody is there to read it
     work.result()  # re-raises EngineError
