@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from agl_cli.commands import doctor_cmd, eval_cmd, init_cmd, runs_cmd, serve_cmd
+from agl_cli.commands import (
+    advise_cmd,
+    compare_cmd,
+    doctor_cmd,
+    eval_cmd,
+    init_cmd,
+    optimize_cmd,
+    report_cmd,
+    runs_cmd,
+    serve_cmd,
+    skill_cmd,
+)
 
 app = typer.Typer(
     name="agl",
@@ -14,10 +25,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("eval")(eval_cmd.eval_command)
+app.command("compare")(compare_cmd.compare_command)
+app.command("optimize")(optimize_cmd.optimize_command)
 app.command("init")(init_cmd.init_command)
 app.command("doctor")(doctor_cmd.doctor_command)
 app.command("runs")(runs_cmd.runs_command)
+app.command("report")(report_cmd.report_command)
 app.command("serve")(serve_cmd.serve_command)
+app.command("advise")(advise_cmd.advise_command)
+app.add_typer(skill_cmd.app, name="skill")
 
 
 def main() -> None:

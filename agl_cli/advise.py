@@ -1,0 +1,364 @@
+"""`agl advise`: is this agent ready for weight training? Each criterion with its measured value and threshold,
+all read from the run store (advise_evidence); no model is called.
+
+Criteria, in the order a team usually satisfies them:
+
+- open_weight_model: an upstream of kind `embedded` or `openai-compatible` (vLLM) served scored rollouts of the
+  agent. Training changes weights, so the agent must already run on a model whose weights we hold.
+- verifiable_reward: a grader program (`grader.command` or `grader.entry`) scores nearly every finished rollout.
+  A reward the agent reports itself (`grader.reported`) does not pass: the policy under training shapes what the
+  agent reports, so it can learn to please the report instead of doing the task.
+- plateau: the last PLATEAU_WINDOW prompt-level attempts (studies and journal entries) together gained less than
+  PLATEAU_MIN_GAIN accuracy. Fewer attempts than that is "unknown", never a pass.
+- headroom: pass@k exceeds pass@1 by HEADROOM_MIN_GAP on tasks sampled several times (by the open-weight model
+  when it has such samples): the model can sometimes solve what it usually fails, which is what reinforcement
+  learning sharpens.
+- train_tasks: enough distinct tasks in the `train` split, none duplicating a val or test task.
+- compute: a Kubernetes context, or a GPU (nvidia-smi, else torch.cuda in a subprocess); CPU only is a warning for
+  a small model (<= CPU_MAX_PARAMS_B billion parameters) and a failure otherwise.
+- projection: rollouts, tokens and time for TRAIN_EPOCHS epochs of ROLLOUTS_PER_TASK rollouts per training task,
+  from the measured rollouts/min, tokens/s and cost per rollout; over the spec's budget fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_cli.advise_evidence import Evidence, RolloutRow
+from agl_cli.optimize.objectives import PASS_THRESHOLD
+from agl_cli.spec import ExperimentSpec
+
+OPEN_KINDS = ("embedded", "openai-compatible")
+MIN_OPEN_ROLLOUTS = 10
+MIN_REWARD_COVERAGE = 0.95
+PLATEAU_WINDOW = 3
+PLATEAU_MIN_GAIN = 0.02
+HEADROOM_MIN_GAP = 0.10
+HEADROOM_MIN_TASKS = 10
+HEADROOM_MAX_K = 8
+MAX_PASS_AT_1 = 0.95
+MIN_TRAIN_TASKS = 100
+CPU_MAX_PARAMS_B = 1.0
+ROLLOUTS_PER_TASK = 4
+TRAIN_EPOCHS = 1
+
+PASS, WARN, FAIL, UNKNOWN = "pass", "warn", "fail", "unknown"
+TRAIN, NOT_YET = "train", "not yet"
+
+
+@dataclass
+class Criterion:
+    id: str
+    title: str
+    status: str
+    value: Any
+    threshold: str
+    detail: str
+    hint: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "title": self.title, "status": self.status, "value": self.value,
+                "threshold": self.threshold, "detail": self.detail, "hint": self.hint}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _open_upstreams(spec: ExperimentSpec) -> dict[str, str]:
+    return {name: up.kind for name, up in spec.upstreams.items() if up.kind in OPEN_KINDS}
+
+
+def open_weight_model(spec: ExperimentSpec, ev: Evidence) -> Criterion:
+    title = "an open-weight model serves the agent"
+    threshold = f"an embedded or openai-compatible upstream served >= {MIN_OPEN_ROLLOUTS} scored rollouts"
+    open_ups = _open_upstreams(spec)
+    if not open_ups:
+        kinds = ", ".join(f"{n} ({u.kind})" for n, u in spec.upstreams.items()) or "none"
+        return Criterion("open_weight_model", title, FAIL, 0, threshold, f"upstreams in agl.yaml: {kinds}",
+                         "add an upstream of kind embedded (small models on this machine) or openai-compatible "
+                         "(vLLM), then measure the agent on it with `agl eval` and `agl compare` against today's model")
+    served = [r for r in ev.rollouts if r.reward is not None and r.upstreams and r.upstreams <= set(open_ups)]
+    use = ev.upstream_use()
+    calls = sum(use[n].calls for n in open_ups if n in use)
+    ids = sum(use[n].with_token_ids for n in open_ups if n in use)
+    names = ", ".join(f"{n} ({k})" for n, k in open_ups.items())
+    detail = f"{names}: {calls} calls, {len(served)} scored rollouts served only by them"
+    if served:
+        detail += f", mean reward {sum(r.reward or 0.0 for r in served) / len(served):.2f}"
+    if len(served) < MIN_OPEN_ROLLOUTS:
+        status = UNKNOWN if not ev.rollouts else FAIL
+        return Criterion("open_weight_model", title, status, len(served), threshold, detail,
+                         f"run the agent on {next(iter(open_ups))}: `agl eval` with the spec's model (or a model "
+                         "knob) pointing at it")
+    if calls and ids < calls:
+        return Criterion("open_weight_model", title, WARN, len(served), threshold,
+                         detail + f"; only {_pct(ids / calls)} of its calls carry token ids, which training needs",
+                         "serve the model with vLLM or the embedded server, which return token ids")
+    return Criterion("open_weight_model", title, PASS, len(served), threshold, detail)
+
+
+def verifiable_reward(spec: ExperimentSpec, ev: Evidence) -> Criterion:
+    title = "a verifiable reward"
+    threshold = f"grader command or entry; >= {_pct(MIN_REWARD_COVERAGE)} of finished rollouts scored"
+    if spec.grader.reported:
+        return Criterion("verifiable_reward", title, FAIL, "reported", threshold,
+                         "the agent reports its own reward (grader.reported)",
+                         "move the check into grader.command or grader.entry, so one program scores every "
+                         "training rollout and the policy cannot shape its own reward")
+    form = "command" if spec.grader.command else "entry"
+    finished = ev.rollouts
+    if not finished:
+        return Criterion("verifiable_reward", title, UNKNOWN, None, threshold,
+                         f"grader {form}; no finished rollouts yet", "run `agl eval` once to measure the grader")
+    coverage = sum(1 for r in finished if r.reward is not None) / len(finished)
+    detail = f"grader {form}; {_pct(coverage)} of {len(finished)} finished rollouts scored"
+    if coverage < MIN_REWARD_COVERAGE:
+        return Criterion("verifiable_reward", title, FAIL, round(coverage, 4), threshold, detail,
+                         "fix what leaves rollouts unscored first (the failures script lists the reasons)")
+    return Criterion("verifiable_reward", title, PASS, round(coverage, 4), threshold, detail)
+
+
+def _attempts(ev: Evidence) -> list[dict[str, Any]]:
+    """Prompt-level attempts in time order: each finished study, each decided journal entry."""
+    attempts = []
+    for run in ev.runs:
+        result = run.study_result
+        if run.kind != "study" or not result or result.get("recommendation") is None:
+            continue
+        confirmation = result.get("confirmation") or {}
+        gain = (confirmation.get("difference") or {}).get("mean")
+        accepted = result.get("recommendation") == "adopt"
+        attempts.append({"time": run.created_at, "source": f"study {run.run_id}", "accepted": accepted,
+                         "gain": float(gain) if accepted and gain is not None else 0.0})
+    for entry in ev.journal:
+        decision = entry.get("decision")
+        if decision not in ("kept", "reverted"):
+            continue
+        gain = entry.get("difference")
+        accepted = decision == "kept"
+        attempts.append({"time": float(entry.get("time", 0.0)), "source": f"journal: {entry.get('change', '?')}",
+                         "accepted": accepted,
+                         "gain": float(gain) if accepted and isinstance(gain, (int, float)) else 0.0})
+    return sorted(attempts, key=lambda a: a["time"])
+
+
+def plateau(ev: Evidence) -> Criterion:
+    title = "prompt-level gains have plateaued"
+    threshold = f"last {PLATEAU_WINDOW} attempts gained < {100 * PLATEAU_MIN_GAIN:.0f} accuracy points in all"
+    attempts = _attempts(ev)
+    if len(attempts) < PLATEAU_WINDOW:
+        return Criterion("plateau", title, UNKNOWN, None, threshold,
+                         f"{len(attempts)} attempt(s) recorded (studies and journal entries)",
+                         f"keep improving prompts, tools and settings first: {PLATEAU_WINDOW - len(attempts)} more "
+                         "attempt(s) judged by `agl compare` or `agl optimize`, each recorded in the journal")
+    last = attempts[-PLATEAU_WINDOW:]
+    gain = sum(a["gain"] for a in last)
+    kept = sum(1 for a in last if a["accepted"])
+    detail = f"last {PLATEAU_WINDOW}: {kept} kept, {100 * gain:+.1f} points in all ({len(attempts)} attempts recorded)"
+    if gain >= PLATEAU_MIN_GAIN:
+        return Criterion("plateau", title, FAIL, round(gain, 4), threshold, detail,
+                         "prompt-level changes still pay: keep going before training")
+    return Criterion("plateau", title, PASS, round(gain, 4), threshold, detail)
+
+
+def _pass_at(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def headroom(spec: ExperimentSpec, ev: Evidence) -> Criterion:
+    title = "pass@k well above pass@1"
+    threshold = f"pass@k - pass@1 >= {100 * HEADROOM_MIN_GAP:.0f} points on >= {HEADROOM_MIN_TASKS} tasks"
+    # The model training would start from is the open-weight one: judge its samples when there are any.
+    open_ups = set(_open_upstreams(spec))
+    own = [r for r in ev.rollouts if r.upstreams and r.upstreams <= open_ups]
+    rollouts = own or ev.rollouts
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in rollouts:
+        if r.reward is not None:
+            groups.setdefault((r.run_id, r.variant, r.task_id), []).append(r.reward)
+    by_split: dict[bool, list[list[float]]] = {True: [], False: []}
+    splits = {(r.run_id, r.variant, r.task_id): r.split for r in rollouts}
+    for key, rewards in groups.items():
+        if len(rewards) >= 2:
+            by_split[splits.get(key) == "train"].append(rewards)
+    # Training tasks are what training sees; other splits stand in when too few training tasks were sampled.
+    samples = by_split[True] if len(by_split[True]) >= HEADROOM_MIN_TASKS else by_split[True] + by_split[False]
+    hint = ("sample each task several times at a temperature above 0: `agl eval agl.yaml --split train --seeds 4` "
+            "with a temperature knob (`--variant temperature=0.7`)")
+    if len(samples) < HEADROOM_MIN_TASKS:
+        return Criterion("headroom", title, UNKNOWN, None, threshold,
+                         f"{len(samples)} task(s) sampled more than once", hint)
+    k = min(HEADROOM_MAX_K, min(len(s) for s in samples))
+    successes = [(len(s), sum(1 for x in s if x >= PASS_THRESHOLD)) for s in samples]
+    p1 = sum(c / n for n, c in successes) / len(successes)
+    pk = sum(_pass_at(n, c, k) for n, c in successes) / len(successes)
+    gap = pk - p1
+    value = {"k": k, "pass_at_1": round(p1, 4), "pass_at_k": round(pk, 4), "tasks": len(samples)}
+    detail = f"pass@1 {_pct(p1)}, pass@{k} {_pct(pk)} over {len(samples)} tasks" + ("" if own else " (any model)")
+    if p1 >= MAX_PASS_AT_1:
+        return Criterion("headroom", title, FAIL, value, threshold, detail + ": little left to learn",
+                         "harder tasks would show what training could add")
+    if gap < HEADROOM_MIN_GAP:
+        return Criterion("headroom", title, FAIL, value, threshold, detail,
+                         "the model rarely solves what it usually fails; a larger model or better tools first"
+                         if pk > 0 else "the model never solves these tasks; training has nothing to reinforce")
+    return Criterion("headroom", title, PASS, value, threshold, detail)
+
+
+def _content_hash(data: dict[str, Any], spec: ExperimentSpec) -> str:
+    split_field = getattr(spec.tasks.split, "field", None)
+    body = {k: v for k, v in data.items() if k not in (spec.tasks.id_field, split_field)}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def train_tasks(spec: ExperimentSpec) -> Criterion:
+    from agl_cli.tasks import load_tasks
+
+    title = "enough distinct training tasks"
+    threshold = f">= {MIN_TRAIN_TASKS} distinct tasks in the train split, none also in val or test"
+    tasks = load_tasks(spec)
+    if not any(t.split for t in tasks):
+        return Criterion("train_tasks", title, FAIL, 0, threshold, f"{len(tasks)} tasks, no splits",
+                         "add to agl.yaml:  tasks: {split: {fractions: {train: 0.6, val: 0.2, test: 0.2}}}")
+    train = {_content_hash(t.data, spec) for t in tasks if t.split == "train"}
+    held_out = {_content_hash(t.data, spec) for t in tasks if t.split in ("val", "test")}
+    leaked = len(train & held_out)
+    detail = f"{len(train)} distinct train tasks of {len(tasks)}"
+    if leaked:
+        return Criterion("train_tasks", title, FAIL, len(train), threshold,
+                         detail + f"; {leaked} also appear in val or test",
+                         "remove the duplicates from the train split: training on held-out tasks inflates the result")
+    if len(train) < MIN_TRAIN_TASKS:
+        return Criterion("train_tasks", title, FAIL, len(train), threshold, detail,
+                         f"collect at least {MIN_TRAIN_TASKS - len(train)} more training tasks with the same grader")
+    return Criterion("train_tasks", title, PASS, len(train), threshold, detail)
+
+
+def probe_compute(spec: ExperimentSpec) -> dict[str, Any]:
+    """What could run training: a Kubernetes context, GPUs, or only this CPU. Subprocesses keep torch out of agl."""
+    config = Path(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
+    if spec.runner == "kubernetes" or os.environ.get("KUBERNETES_SERVICE_HOST") or config.is_file():
+        where = "in-cluster" if os.environ.get("KUBERNETES_SERVICE_HOST") else f"kubeconfig {config}"
+        return {"kind": "cluster", "detail": where}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=False)
+            gpus = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired):
+            gpus = []
+        if gpus:
+            return {"kind": "gpu", "detail": "; ".join(gpus)}
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+        count = int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        count = 0
+    if count:
+        return {"kind": "gpu", "detail": f"{count} CUDA device(s) visible to torch"}
+    return {"kind": "cpu", "detail": f"no GPU or Kubernetes context; {os.cpu_count()} CPU cores"}
+
+
+def model_size_b(spec: ExperimentSpec) -> float | None:
+    """Billions of parameters, read from the open-weight model's name (smollm2-135m -> 0.135); None if unknown."""
+    for up in spec.upstreams.values():
+        if up.kind == "embedded" and up.model:
+            match = re.search(r"(\d+(?:\.\d+)?)\s*([mb])\b", up.model.lower().replace("-", " ").replace("_", " "))
+            if match:
+                return float(match.group(1)) / (1000.0 if match.group(2) == "m" else 1.0)
+    return None
+
+
+def compute(spec: ExperimentSpec, found: dict[str, Any]) -> Criterion:
+    title = "a GPU or cluster reachable"
+    threshold = f"a GPU or Kubernetes context; CPU only for models <= {CPU_MAX_PARAMS_B:g}B parameters (slow)"
+    if found["kind"] in ("gpu", "cluster"):
+        return Criterion("compute", title, PASS, found["kind"], threshold, found["detail"])
+    size = model_size_b(spec)
+    if size is not None and size <= CPU_MAX_PARAMS_B:
+        return Criterion("compute", title, WARN, "cpu", threshold,
+                         found["detail"] + f"; the {size:g}B embedded model trains on CPU, slowly",
+                         "a GPU would make each training step many times faster")
+    return Criterion("compute", title, FAIL, "cpu", threshold, found["detail"],
+                     "get a GPU machine or a Kubernetes context (`agl doctor` shows what is reachable)")
+
+
+def projection(spec: ExperimentSpec, ev: Evidence, n_train: int) -> Criterion:
+    title = "projected training cost and time"
+    budget = spec.budget
+    limits = []
+    if budget.rollouts is not None:
+        limits.append(f"budget.rollouts {budget.rollouts}")
+    if budget.usd is not None:
+        limits.append(f"budget.usd {budget.usd:g}")
+    threshold = "within " + (", ".join(limits) if limits else "the spec's budget (none set)")
+    timed = [r for r in ev.rollouts if r.started_at is not None and r.ended_at is not None]
+    spans: dict[str, list[RolloutRow]] = {}
+    for r in timed:
+        spans.setdefault(r.run_id, []).append(r)
+    seconds = sum(max(r.ended_at or 0.0 for r in rs) - min(r.started_at or 0.0 for r in rs) for rs in spans.values())
+    if not timed or seconds <= 0:
+        return Criterion("projection", title, UNKNOWN, None, threshold, "no timed rollouts in the store",
+                         "run `agl eval` once so throughput and cost are measured")
+    per_min = 60.0 * len(timed) / seconds
+    use = ev.upstream_use()
+    open_use = [use[n] for n in _open_upstreams(spec) if n in use]
+    out_tokens = sum(u.output_tokens for u in open_use)
+    latency = sum(u.latency_s for u in open_use)
+    cost = sum(u.cost_usd for u in use.values())
+    rollouts = n_train * ROLLOUTS_PER_TASK * TRAIN_EPOCHS
+    usd = round(cost / len(timed) * rollouts, 4)
+    value: dict[str, Any] = {
+        "rollouts": rollouts, "rollouts_per_min": round(per_min, 2),
+        "tokens_per_s": round(out_tokens / latency, 1) if latency > 0 else None,
+        "hours": round(rollouts / per_min / 60.0, 2),
+        "usd": usd,
+    }
+    detail = (f"{rollouts} rollouts ({n_train} train tasks x {ROLLOUTS_PER_TASK} x {TRAIN_EPOCHS} epoch) at "
+              f"{per_min:.1f} rollouts/min: about {value['hours']} h of rollouts plus the updates, ${value['usd']}")
+    over = []
+    if budget.rollouts is not None and rollouts > budget.rollouts:
+        over.append(f"{rollouts} rollouts > {budget.rollouts}")
+    if budget.usd is not None and usd > budget.usd:
+        over.append(f"${usd} > ${budget.usd}")
+    if over:
+        return Criterion("projection", title, FAIL, value, threshold, detail + "; over budget: " + ", ".join(over),
+                         "raise the budget in agl.yaml, or train on fewer tasks")
+    return Criterion("projection", title, PASS, value, threshold, detail)
+
+
+def advise(spec: ExperimentSpec, ev: Evidence, found: dict[str, Any]) -> dict[str, Any]:
+    """The verdict document: `train` only when every criterion passes (warnings allowed)."""
+    tasks_criterion = train_tasks(spec)
+    n_train = tasks_criterion.value if isinstance(tasks_criterion.value, int) else 0
+    criteria = [
+        open_weight_model(spec, ev), verifiable_reward(spec, ev), plateau(ev), headroom(spec, ev), tasks_criterion,
+        compute(spec, found), projection(spec, ev, n_train),
+    ]
+    ready = all(c.status in (PASS, WARN) for c in criteria)
+    return {
+        "verdict": TRAIN if ready else NOT_YET,
+        "spec": str(ev.spec_path),
+        "run": ev.focus_run,
+        "evidence": {"runs": len(ev.runs), "studies": sum(1 for r in ev.runs if r.kind == "study"),
+                     "rollouts": len(ev.rollouts), "journal_entries": len(ev.journal)},
+        "criteria": [c.as_dict() for c in criteria],
+        "next_steps": [c.hint for c in criteria if c.status in (FAIL, UNKNOWN) and c.hint],
+        "warnings": [c.detail for c in criteria if c.status == WARN],
+    }

@@ -1,0 +1,205 @@
+"""What `agl advise` reads: every run of one experiment spec in the runs folder, its rollouts, its model calls
+grouped by upstream, its studies' results, and the optimization journal. Read only: nothing is written, no model
+is called.
+
+Stores are opened with plain sqlite3 and `query_only`, so advising on a run never migrates or locks it.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl_cli.errors import UsageError
+from agl_cli.rundir import CONFIG, MANIFEST, STORE, find_run, runs_root
+
+JOURNAL = "journal.jsonl"
+STUDY_RESULT_META = "study.result"  # written by agl_cli.optimize.engine
+
+
+@dataclass
+class RolloutRow:
+    run_id: str
+    variant: str
+    task_id: str
+    seed: int
+    split: str | None
+    reward: float | None
+    started_at: float | None
+    ended_at: float | None
+    upstreams: frozenset[str] = frozenset()
+
+
+@dataclass
+class UpstreamUse:
+    calls: int = 0
+    with_token_ids: int = 0
+    output_tokens: int = 0
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+
+
+@dataclass
+class RunEvidence:
+    run_id: str
+    kind: str
+    created_at: float
+    manifest: dict[str, Any]
+    rollouts: list[RolloutRow]
+    upstreams: dict[str, UpstreamUse]
+    study_result: dict[str, Any] | None
+
+
+@dataclass
+class Evidence:
+    spec_path: Path
+    focus_run: str | None  # the study or run named on the command line, if one was
+    runs: list[RunEvidence] = field(default_factory=list)
+    journal: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rollouts(self) -> list[RolloutRow]:
+        return [r for run in self.runs for r in run.rollouts]
+
+    def upstream_use(self) -> dict[str, UpstreamUse]:
+        total: dict[str, UpstreamUse] = defaultdict(UpstreamUse)
+        for run in self.runs:
+            for name, use in run.upstreams.items():
+                t = total[name]
+                t.calls += use.calls
+                t.with_token_ids += use.with_token_ids
+                t.output_tokens += use.output_tokens
+                t.latency_s += use.latency_s
+                t.cost_usd += use.cost_usd
+        return dict(total)
+
+
+def resolve_target(target: str, runs_dir: Path | None) -> tuple[Path, str | None]:
+    """CONFIG_OR_STUDY as (spec path, run id): an agl.yaml (or its folder), else a run or study reference."""
+    as_path = Path(target).expanduser()
+    if as_path.is_file() and as_path.suffix in (".yaml", ".yml"):
+        return as_path.resolve(), None
+    if as_path.is_dir() and (as_path / "agl.yaml").is_file() and not (as_path / MANIFEST).is_file():
+        return (as_path / "agl.yaml").resolve(), None
+    try:
+        run = find_run(target, runs_dir)
+    except UsageError:
+        raise UsageError(
+            f"{target!r} is neither an experiment spec (agl.yaml) nor a run or study",
+            hint="give the path of agl.yaml, or a study id from `agl runs`",
+        ) from None
+    spec_path = run.manifest().get("spec_path")
+    if not spec_path or not Path(spec_path).is_file():
+        raise UsageError(
+            f"run {run.run_id} was made from {spec_path or 'an unknown spec'}, which is no longer there",
+            hint=f"give the spec's new path instead; the run's resolved copy is {run.path / CONFIG}",
+        )
+    return Path(spec_path).resolve(), run.run_id
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=30.0)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def _read_store(path: Path, run_id: str) -> tuple[list[RolloutRow], dict[str, UpstreamUse], dict[str, Any] | None]:
+    conn = _connect(path)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "rollouts" not in tables:
+            return [], {}, None
+        served: dict[str, set[str]] = defaultdict(set)
+        upstreams: dict[str, UpstreamUse] = {}
+        if "calls" in tables:
+            for row in conn.execute(
+                "SELECT upstream, COUNT(*) AS n, SUM(completion_token_ids IS NOT NULL) AS ids, "
+                "COALESCE(SUM(output_tokens), 0) AS out, COALESCE(SUM(latency_s), 0.0) AS lat, "
+                "COALESCE(SUM(cost_usd), 0.0) AS cost FROM calls WHERE status_code IS NULL OR status_code < 400 "
+                "GROUP BY upstream"
+            ):
+                upstreams[row["upstream"]] = UpstreamUse(
+                    int(row["n"]), int(row["ids"] or 0), int(row["out"]), float(row["lat"]), float(row["cost"])
+                )
+            for row in conn.execute("SELECT DISTINCT rollout_id, upstream FROM calls WHERE rollout_id IS NOT NULL"):
+                served[row["rollout_id"]].add(row["upstream"])
+        # The newest attempt of each (variant, task, seed) that finished; cancelled or running ones say nothing.
+        newest: dict[str, RolloutRow] = {}
+        attempts: dict[str, int] = {}
+        for row in conn.execute(
+            "SELECT id, key, attempt, variant, task_id, seed, split, status, reward, started_at, ended_at "
+            "FROM rollouts ORDER BY rowid"
+        ):
+            if row["key"] in attempts and attempts[row["key"]] > row["attempt"]:
+                continue
+            attempts[row["key"]] = row["attempt"]
+            if row["status"] not in ("succeeded", "failed", "timed_out"):
+                newest.pop(row["key"], None)
+                continue
+            newest[row["key"]] = RolloutRow(
+                run_id, row["variant"], row["task_id"], int(row["seed"]), row["split"],
+                None if row["reward"] is None else float(row["reward"]), row["started_at"], row["ended_at"],
+                frozenset(served.get(row["id"], ())),
+            )
+        result = None
+        if "meta" in tables:
+            meta = conn.execute("SELECT value FROM meta WHERE key = ?", (STUDY_RESULT_META,)).fetchone()
+            result = json.loads(meta["value"]) if meta else None
+        return list(newest.values()), upstreams, result
+    finally:
+        conn.close()
+
+
+def journal_path(runs_dir: Path | None) -> Path:
+    """The journal lives next to the runs folder: `.agl/journal.jsonl` (or `$AGL_HOME/journal.jsonl`)."""
+    return runs_root(runs_dir).parent / JOURNAL
+
+
+def read_journal(path: Path, spec_path: Path) -> list[dict[str, Any]]:
+    """Journal entries about this spec (or about no spec in particular); unreadable lines are skipped."""
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        spec = entry.get("spec")
+        if spec and Path(spec).expanduser().resolve() != spec_path:
+            continue
+        entries.append(entry)
+    return entries
+
+
+def gather(target: str, runs_dir: Path | None) -> Evidence:
+    spec_path, focus = resolve_target(target, runs_dir)
+    evidence = Evidence(spec_path=spec_path, focus_run=focus)
+    root = runs_root(runs_dir)
+    for folder in sorted(root.glob("*")) if root.is_dir() else []:
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        spec = manifest.get("spec_path")
+        if not spec or Path(spec).resolve() != spec_path or not (folder / STORE).is_file():
+            continue
+        if manifest.get("kind") == "train":
+            continue  # rollouts of a policy being trained say nothing about the model training would start from
+        try:
+            rollouts, upstreams, result = _read_store(folder / STORE, folder.name)
+        except sqlite3.DatabaseError:
+            continue  # a store another agl is creating right now, or a damaged one: no evidence either way
+        evidence.runs.append(RunEvidence(
+            folder.name, str(manifest.get("kind", "eval")), float(manifest.get("created_at", 0.0)), manifest,
+            rollouts, upstreams, result,
+        ))
+    evidence.journal = read_journal(journal_path(runs_dir), spec_path)
+    return evidence

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Summarise one agl run's failures and its cost and latency breakdown, as JSON on stdout.
+
+The evidence for the next hypothesis: which rollouts failed or have no reward and why (crash, timeout, grader
+failure, low reward), the commonest error lines, examples with the agent's output and stderr, and per variant
+where the money and the time go (by model, and the share of wall time spent waiting on model calls).
+
+Examples:
+  failures.py                                  # the latest run under ./.agl/runs
+  failures.py 20250101-120000-ab12 --variant baseline --limit 5
+  agl eval agl.yaml --split val --json | failures.py --eval-json -
+Read only; standard library only. Exit 0 on success, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.dont_write_bytecode = True  # no __pycache__ inside an installed skill
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runs import TERMINAL, clip, connect, emit, fail, find_run, manifest, percentile  # noqa: E402
+from _runs import latest_rollouts as read_rollouts  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", nargs="?", default="latest", help="run id, id prefix, run folder, or latest")
+    parser.add_argument("--eval-json", metavar="FILE", help="read the run from `agl eval --json` output (- for stdin)")
+    parser.add_argument("--runs-dir", help="where runs live (default ./.agl/runs or $AGL_HOME/runs)")
+    parser.add_argument("--variant", help="only this variant")
+    parser.add_argument("--split", help="only rollouts of this split")
+    parser.add_argument("--below", type=float, default=0.5, help="a reward below this is a failure (default 0.5)")
+    parser.add_argument("--limit", type=int, default=10, help="failure examples to include (default 10)")
+    parser.add_argument("--chars", type=int, default=600, help="characters kept of each output or log (default 600)")
+    return parser.parse_args(argv)
+
+
+def pick_run(args: argparse.Namespace) -> Path:
+    if not args.eval_json:
+        return find_run(args.run, args.runs_dir)
+    try:
+        text = sys.stdin.read() if args.eval_json == "-" else Path(args.eval_json).read_text()
+        run_dir = json.loads(text)["run_dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        fail(f"--eval-json {args.eval_json}: not the JSON document of `agl eval --json`")
+    return find_run(run_dir, args.runs_dir)
+
+
+def call_breakdown(conn: Any) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
+    """Per rollout and model: calls, tokens, cost, seconds in calls; and per rollout totals."""
+    by_model: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for row in conn.execute(
+        "SELECT rollout_id, COALESCE(model, request_model, '?') AS model, upstream, COUNT(*) AS calls, "
+        "COALESCE(SUM(input_tokens), 0) AS input_tokens, COALESCE(SUM(output_tokens), 0) AS output_tokens, "
+        "COALESCE(SUM(cost_usd), 0) AS cost_usd, COALESCE(SUM(latency_s), 0) AS latency_s, "
+        "SUM(error IS NOT NULL OR status_code >= 400) AS errors "
+        "FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id, model, upstream"
+    ):
+        name = f"{row['upstream']}/{row['model']}"
+        stats = {k: float(row[k] or 0) for k in ("calls", "input_tokens", "output_tokens", "cost_usd", "latency_s",
+                                                  "errors")}
+        by_model[row["rollout_id"]][name] = stats
+        for key, value in stats.items():
+            totals[row["rollout_id"]][key] += value
+    return by_model, totals
+
+
+def summarise(rollouts: list[dict[str, Any]], by_model: dict, totals: dict, below: float) -> dict[str, Any]:
+    finished = [r for r in rollouts if r["status"] in TERMINAL]
+    scored = [r for r in finished if r["reward"] is not None]
+    durations = [r["ended_at"] - r["started_at"] for r in finished if r["ended_at"] and r["started_at"]]
+    models: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in finished:
+        for name, stats in by_model.get(r["id"], {}).items():
+            for key, value in stats.items():
+                models[name][key] += value
+    spent = sum(totals.get(r["id"], {}).get("cost_usd", 0.0) for r in finished)
+    in_calls = sum(totals.get(r["id"], {}).get("latency_s", 0.0) for r in finished)
+    return {
+        "finished": len(finished),
+        "not_finished": len(rollouts) - len(finished),
+        "scored": len(scored),
+        "passed": sum(1 for r in scored if r["reward"] >= below),
+        "failed_scored": sum(1 for r in scored if r["reward"] < below),
+        "missing_reward": len(finished) - len(scored),
+        "missing_reasons": dict(Counter(r["failure"] or "unknown" for r in finished if r["reward"] is None)),
+        "mean_reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
+        "cost_usd": round(spent, 6),
+        "cost_per_rollout_usd": round(spent / len(finished), 6) if finished else None,
+        "latency_s": {"p50": percentile(durations, 50), "p95": percentile(durations, 95)},
+        # Seconds waiting on the model out of all rollout seconds: near 1, latency is the model's; near 0, the agent's.
+        "model_time_share": round(in_calls / sum(durations), 3) if durations and sum(durations) > 0 else None,
+        "by_model": {name: {k: round(v, 6) for k, v in stats.items()} for name, stats in sorted(models.items())},
+    }
+
+
+def example(r: dict[str, Any], totals: dict, chars: int) -> dict[str, Any]:
+    used = totals.get(r["id"], {})
+    detail = json.loads(r["grader_detail"]) if r["grader_detail"] else None
+    return {
+        "rollout_id": r["id"], "variant": r["variant"], "task_id": r["task_id"], "seed": r["seed"],
+        "split": r["split"], "status": r["status"], "reward": r["reward"], "failure": r["failure"],
+        "error": clip(r["error"], chars), "grader_detail": detail, "exit_code": r["exit_code"],
+        "duration_s": (r["ended_at"] - r["started_at"]) if r["ended_at"] and r["started_at"] else None,
+        "calls": int(used.get("calls", 0)), "output_tokens": int(used.get("output_tokens", 0)),
+        "cost_usd": round(used.get("cost_usd", 0.0), 6),
+        "output": clip(r["output"], chars), "stderr_tail": clip(r["stderr_tail"], chars),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run = pick_run(args)
+    conn = connect(run)
+    try:
+        rollouts = read_rollouts(conn)
+        by_model, totals = call_breakdown(conn)
+    finally:
+        conn.close()
+    rollouts = [r for r in rollouts if (args.variant is None or r["variant"] == args.variant)
+                and (args.split is None or r["split"] == args.split)]
+    variants: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rollouts:
+        variants[r["variant"]].append(r)
+    failures = [r for r in rollouts if r["status"] in TERMINAL and (r["reward"] is None or r["reward"] < args.below)]
+    # A traceback's last line names the exception; that is what repeats across failing rollouts.
+    error_lines = Counter(
+        (r["error"] or "").strip().splitlines()[-1][:200] for r in failures if (r["error"] or "").strip()
+    )
+    meta = manifest(run)
+    emit({
+        "run_id": run.name, "run_dir": str(run), "kind": meta.get("kind"), "spec": meta.get("spec_path"),
+        "split": args.split or meta.get("split"), "below": args.below,
+        "variants": {name: summarise(rs, by_model, totals, args.below) for name, rs in variants.items()},
+        "failure_kinds": dict(Counter(r["failure"] or ("low_reward" if r["reward"] is not None else "unknown")
+                                      for r in failures)),
+        "common_errors": [{"line": line, "count": n} for line, n in error_lines.most_common(5)],
+        "failures_total": len(failures),
+        "failures": [example(r, totals, args.chars) for r in failures[: max(args.limit, 0)]],
+        "next": "read a transcript: transcript.py ROLLOUT_ID --run " + run.name,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

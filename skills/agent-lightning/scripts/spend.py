@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""What the optimization has spent so far, across every run in the runs folder, against a budget: rollouts
+launched and model cost in USD. Check it before each new eval, compare or optimize, and stop at the budget.
+
+Examples:
+  spend.py --budget-usd 5 --budget-rollouts 2000          # the budget from agl.yaml's `budget:`
+  spend.py --since 2025-01-01T09:00 --spec agl.yaml
+Prints JSON; `over_budget` is true once either ceiling is reached. Read only; standard library only.
+Exit 0 on success, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # no __pycache__ inside an installed skill
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runs import connect, emit, fail, manifest, runs_root  # noqa: E402
+
+
+def since_epoch(text: str | None) -> float:
+    if not text:
+        return 0.0
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d"):
+        try:
+            return time.mktime(time.strptime(text, fmt))
+        except ValueError:
+            continue
+    fail(f"--since {text!r}: give seconds since the epoch or a local time like 2025-01-31T09:30")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs-dir", help="where runs live (default ./.agl/runs or $AGL_HOME/runs)")
+    parser.add_argument("--since", help="only runs created at or after this time")
+    parser.add_argument("--spec", help="only runs of this agl.yaml")
+    parser.add_argument("--budget-usd", type=float, help="the ceiling on model cost")
+    parser.add_argument("--budget-rollouts", type=int, help="the ceiling on rollouts launched")
+    args = parser.parse_args(argv)
+
+    start = since_epoch(args.since)
+    spec = str(Path(args.spec).expanduser().resolve()) if args.spec else None
+    root = runs_root(args.runs_dir)
+    runs = []
+    for folder in sorted(root.glob("*")) if root.is_dir() else []:
+        if not (folder / "manifest.json").is_file() or not (folder / "store.sqlite").is_file():
+            continue
+        meta = manifest(folder)
+        if meta.get("created_at", 0.0) < start:
+            continue
+        if spec and meta.get("spec_path") and str(Path(meta["spec_path"]).resolve()) != spec:
+            continue
+        try:
+            conn = connect(folder)
+            rollouts = conn.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
+            usd = conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM calls").fetchone()[0]
+            conn.close()
+        except sqlite3.DatabaseError:
+            continue
+        runs.append({"run_id": folder.name, "kind": meta.get("kind"), "rollouts": rollouts, "usd": round(usd, 6)})
+    total_rollouts = sum(r["rollouts"] for r in runs)
+    total_usd = sum(r["usd"] for r in runs)
+    over = (args.budget_usd is not None and total_usd >= args.budget_usd) or (
+        args.budget_rollouts is not None and total_rollouts >= args.budget_rollouts)
+    emit({
+        "runs_dir": str(root), "runs": runs, "rollouts": total_rollouts, "usd": round(total_usd, 6),
+        "budget": {"usd": args.budget_usd, "rollouts": args.budget_rollouts},
+        "left": {
+            "usd": None if args.budget_usd is None else round(args.budget_usd - total_usd, 6),
+            "rollouts": None if args.budget_rollouts is None else args.budget_rollouts - total_rollouts,
+        },
+        "over_budget": over,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

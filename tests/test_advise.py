@@ -1,0 +1,234 @@
+"""`agl advise`: the training-readiness verdict from fixture run stores (built with RunStore), one criterion
+failing at a time; each criterion reports its measured value and threshold; usage errors exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from agl_cli import advise as advise_module
+from agl_cli.main import app
+from agl_cli.rundir import RunDir
+from rl_backend.store.db import RunStore
+from rl_backend.store.records import Api, CallRecord, RewardSource, Rollout, RolloutStatus
+
+GPU = {"kind": "gpu", "detail": "NVIDIA H200, 141 GiB"}
+CPU = {"kind": "cpu", "detail": "no GPU or Kubernetes context; 2 CPU cores"}
+
+
+def write_spec(folder: Path, *, n_train: int = 100, upstream: dict | None = None, grader: dict | None = None,
+               budget: dict | None = None, duplicate: int = 0) -> Path:
+    tasks = [{"id": f"t{i}", "q": f"question {i}", "split": "train"} for i in range(n_train)]
+    tasks += [{"id": f"v{i}", "q": f"val question {i}", "split": "val"} for i in range(10)]
+    tasks += [{"id": f"x{i}", "q": f"test question {i}", "split": "test"} for i in range(10)]
+    for i in range(duplicate):  # a training task whose content is also a test task's
+        tasks[i] = {"id": f"t{i}", "q": f"test question {i}", "split": "train"}
+    (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    spec = {
+        "name": "fixture",
+        "agent": {"command": "python agent.py --task {task_file} --out {output_file}"},
+        "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
+        "grader": grader or {"command": "python grade.py {task_file} {output_file}"},
+        "upstreams": {"local": upstream or {"kind": "embedded", "model": "smollm2-135m-instruct"}},
+        "model": "local/smollm2-135m-instruct",
+    }
+    if budget:
+        spec["budget"] = budget
+    path = folder / "agl.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def add_run(root: Path, spec: Path, *, kind: str = "eval", created_at: float = 1000.0,
+            rewards: dict[str, list[float | None]] | None = None, split: str = "train",
+            result: dict[str, Any] | None = None, upstream: str = "local", token_ids: bool = True) -> RunDir:
+    """A finished run: for each task, one rollout per listed reward (seed = position), each with one model call."""
+    run = RunDir.create(root, spec_data={}, manifest={"kind": kind, "spec_path": str(spec.resolve()),
+                                                      "status": "completed"})
+    manifest = run.manifest()
+    manifest["created_at"] = created_at
+    run.write_manifest(manifest)
+    store = RunStore(run.store_path)
+    clock = 0.0
+    for task, seeds in (rewards or {}).items():
+        for seed, reward in enumerate(seeds):
+            rid = f"{run.run_id}-{task}-{seed}"
+            clock += 1.0
+            store.put_rollout(Rollout(
+                id=rid, key=f"baseline/{task}/{seed}", variant="baseline", task_id=task, split=split, seed=seed,
+                status=RolloutStatus.succeeded if reward is not None else RolloutStatus.failed, reward=reward,
+                reward_source=RewardSource.grader if reward is not None else RewardSource.none,
+                started_at=clock, ended_at=clock + 1.0,
+            ))
+            store.insert_call(CallRecord(
+                call_id=f"c-{rid}", rollout_id=rid, api=Api.openai_chat, upstream=upstream, model="m",
+                output_tokens=50, latency_s=0.5, cost_usd=0.0, started_at=clock, status_code=200,
+                completion_token_ids=[1, 2, 3] if token_ids else None,
+            ))
+    if result is not None:
+        store.set_meta("study.result", result)
+    store.close()
+    return run
+
+
+def sampled(n_tasks: int = 20) -> dict[str, list[float | None]]:
+    """Four seeds per training task: half the tasks solved once in four, a fifth always, the rest never
+    (pass@1 about 0.33, pass@4 0.7)."""
+    rewards: dict[str, list[float | None]] = {}
+    for i in range(n_tasks):
+        rewards[f"t{i}"] = [1.0, 0.0, 0.0, 0.0] if i < n_tasks // 2 else [1.0] * 4 if i < n_tasks * 7 // 10 else [0.0] * 4
+    return rewards
+
+
+def plateaued_journal(folder: Path, gains: tuple[float, ...] = (0.0, 0.0, 0.01)) -> None:
+    lines = [{"time": 2000.0 + i, "change": f"attempt {i}", "lever": "prompt", "difference": g,
+              "verdict": "better" if g else "no detectable difference", "decision": "kept" if g else "reverted"}
+             for i, g in enumerate(gains)]
+    (folder / ".agl").mkdir(exist_ok=True)
+    (folder / ".agl" / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+@pytest.fixture
+def ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A spec and store that pass every criterion (on a GPU machine)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AGL_HOME", raising=False)
+    monkeypatch.setattr(advise_module, "probe_compute", lambda spec: GPU)
+    spec = write_spec(tmp_path)
+    root = tmp_path / ".agl" / "runs"
+    add_run(root, spec, rewards=sampled())
+    add_run(root, spec, kind="study", created_at=1500.0,
+            result={"recommendation": "adopt", "confirmation": {"difference": {"mean": 0.06}}})
+    plateaued_journal(tmp_path)
+    return spec
+
+
+def advise_json(target: str) -> dict[str, Any]:
+    result = CliRunner().invoke(app, ["advise", target, "--json"])
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def statuses(doc: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in doc["criteria"]}
+
+
+def test_ready_agent_gets_train(ready: Path) -> None:
+    doc = advise_json(str(ready))
+    assert doc["verdict"] == "train", doc
+    assert set(statuses(doc).values()) == {"pass"}
+    for criterion in doc["criteria"]:
+        assert criterion["threshold"] and criterion["detail"], criterion
+    headroom = next(c for c in doc["criteria"] if c["id"] == "headroom")["value"]
+    assert headroom["k"] == 4 and headroom["pass_at_1"] == pytest.approx(0.325) and headroom["pass_at_k"] == 0.7
+    projection = next(c for c in doc["criteria"] if c["id"] == "projection")["value"]
+    assert projection["rollouts"] == 100 * advise_module.ROLLOUTS_PER_TASK * advise_module.TRAIN_EPOCHS
+    assert projection["tokens_per_s"] == 100.0
+    assert doc["next_steps"] == []
+
+
+def test_study_id_resolves_to_its_spec_and_text_output(ready: Path) -> None:
+    study = next(p.name for p in (ready.parent / ".agl" / "runs").iterdir()
+                 if json.loads((p / "manifest.json").read_text())["kind"] == "study")
+    doc = advise_json(study)
+    assert doc["verdict"] == "train" and doc["run"] == study and doc["spec"] == str(ready.resolve())
+    text = CliRunner().invoke(app, ["advise", str(ready)])
+    assert text.exit_code == 0 and "verdict: train" in text.stdout
+
+
+def _rewrite(spec: Path, **changes: Any) -> None:
+    data = yaml.safe_load(spec.read_text())
+    data.update(changes)
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@pytest.mark.parametrize("case", ["reported", "hosted", "unscored", "plateau_unknown", "still_gaining",
+                                  "no_samples", "no_headroom", "few_tasks", "leak", "big_model_on_cpu",
+                                  "over_budget"])
+def test_each_failing_criterion_gives_not_yet(ready: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    folder, root = ready.parent, ready.parent / ".agl" / "runs"
+    expect = {
+        "reported": "verifiable_reward", "hosted": "open_weight_model", "unscored": "verifiable_reward",
+        "plateau_unknown": "plateau", "still_gaining": "plateau", "no_samples": "headroom",
+        "no_headroom": "headroom", "few_tasks": "train_tasks", "leak": "train_tasks",
+        "big_model_on_cpu": "compute", "over_budget": "projection",
+    }[case]
+    if case == "reported":
+        _rewrite(ready, grader={"reported": True})
+    elif case == "hosted":
+        _rewrite(ready, upstreams={"openai": {"kind": "openai"}}, model="openai/gpt-4.1-mini")
+    elif case == "unscored":
+        add_run(root, ready, rewards={f"t{i}": [None] for i in range(20)})
+    elif case == "plateau_unknown":
+        plateaued_journal(folder, gains=(0.0,))
+    elif case == "still_gaining":
+        plateaued_journal(folder, gains=(0.0, 0.03, 0.0))
+    elif case in ("no_samples", "no_headroom"):
+        for run in root.iterdir():
+            if json.loads((run / "manifest.json").read_text())["kind"] == "eval":
+                (run / "store.sqlite").unlink()
+        samples = {f"t{i}": [1.0] if i % 2 else [0.0] for i in range(30)} if case == "no_samples" else \
+            {f"t{i}": [1.0] * 4 if i % 2 else [0.0] * 4 for i in range(30)}
+        add_run(root, ready, rewards=samples)
+    elif case == "few_tasks":
+        write_spec(folder, n_train=40)
+    elif case == "leak":
+        write_spec(folder, duplicate=3)
+    elif case == "big_model_on_cpu":
+        monkeypatch.setattr(advise_module, "probe_compute", lambda spec: CPU)
+        _rewrite(ready, upstreams={"local": {"kind": "embedded", "model": "qwen2.5-7b-instruct"}})
+    elif case == "over_budget":
+        _rewrite(ready, budget={"rollouts": 100})
+    doc = advise_json(str(ready))
+    assert doc["verdict"] == "not yet", statuses(doc)
+    assert statuses(doc)[expect] in ("fail", "unknown"), statuses(doc)
+    assert [c for c in doc["criteria"] if c["status"] in ("fail", "unknown")] == \
+        [c for c in doc["criteria"] if c["id"] == expect], "only the criterion under test fails"
+    assert doc["next_steps"], "a not-yet verdict says what to do first"
+
+
+def test_small_model_on_cpu_is_a_warning_not_a_failure(ready: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(advise_module, "probe_compute", lambda spec: CPU)
+    doc = advise_json(str(ready))
+    assert doc["verdict"] == "train"
+    assert statuses(doc)["compute"] == "warn" and doc["warnings"]
+
+
+def test_missing_token_ids_warn(ready: Path) -> None:
+    add_run(ready.parent / ".agl" / "runs", ready, rewards={"t0": [1.0]}, token_ids=False)
+    doc = advise_json(str(ready))
+    assert statuses(doc)["open_weight_model"] == "warn"
+
+
+def test_no_runs_at_all_is_not_yet_with_unknowns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(advise_module, "probe_compute", lambda spec: GPU)
+    spec = write_spec(tmp_path)
+    doc = advise_json(str(spec))
+    assert doc["verdict"] == "not yet"
+    assert statuses(doc)["plateau"] == "unknown" and statuses(doc)["headroom"] == "unknown"
+    assert doc["evidence"]["runs"] == 0
+
+
+def test_usage_errors_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(app, ["advise", "no-such-thing"]).exit_code == 2
+    assert CliRunner().invoke(app, ["advise"]).exit_code == 2
+    (tmp_path / "agl.yaml").write_text("agent: {command: x}\n")
+    assert CliRunner().invoke(app, ["advise", str(tmp_path / "agl.yaml")]).exit_code == 2
+
+
+def test_pass_at_k_estimator() -> None:
+    assert advise_module._pass_at(4, 1, 1) == pytest.approx(0.25)
+    assert advise_module._pass_at(4, 1, 4) == 1.0
+    assert advise_module._pass_at(4, 0, 2) == 0.0
+    assert advise_module._pass_at(5, 2, 2) == pytest.approx(1 - 3 / 10)
+    assert advise_module.model_size_b(advise_module.ExperimentSpec.model_validate({
+        "agent": {"command": "a"}, "tasks": {"path": "t"}, "grader": {"command": "g"},
+        "upstreams": {"l": {"kind": "embedded", "model": "Qwen2.5-0.5B-Instruct"}}})) == 0.5

@@ -1,0 +1,129 @@
+"""The skill's scripts on a fixture run store: non-interactive, `--help`, JSON on stdout, exit 2 on misuse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_cli.rundir import RunDir
+from rl_backend.store.db import RunStore
+from rl_backend.store.records import Api, CallRecord, FailureKind, RewardSource, Rollout, RolloutStatus
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "skills" / "agent-lightning" / "scripts"
+TRACEBACK = "Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'answer'"
+
+
+def run_script(name: str, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=cwd, input=stdin, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    run = RunDir.create(tmp_path / ".agl" / "runs", spec_data={},
+                        manifest={"kind": "eval", "spec_path": str(tmp_path / "agl.yaml"), "split": "val"})
+    store = RunStore(run.store_path)
+    cases: list[tuple[str, str, float | None, FailureKind | None, str | None]] = [
+        ("baseline", "ok", 1.0, None, None),
+        ("baseline", "wrong", 0.0, None, None),
+        ("baseline", "crash", None, FailureKind.agent_crashed, TRACEBACK),
+        ("baseline", "silent", None, FailureKind.no_output, "the agent wrote no output"),
+        ("v2", "ok", 1.0, None, None),
+        ("v2", "wrong", 1.0, None, None),
+    ]
+    for i, (variant, task, reward, failure, error) in enumerate(cases):
+        rid = f"r{i:02d}{task}"
+        (run.rollout_dir(rid) / "task.json").write_text(json.dumps({"id": task, "q": "2+2"}))
+        store.put_rollout(Rollout(
+            id=rid, key=f"{variant}/{task}/0", variant=variant, task_id=task, split="val",
+            status=RolloutStatus.succeeded if failure is None else RolloutStatus.failed, reward=reward,
+            reward_source=RewardSource.grader if reward is not None else RewardSource.none, failure=failure,
+            error=error, grader_detail={"expected": "4"} if reward == 0.0 else None, started_at=100.0 + i,
+            ended_at=102.0 + i, output="5" if task == "wrong" else "4", stderr_tail=error,
+        ))
+        store.insert_call(CallRecord(
+            call_id=f"c{i}", rollout_id=rid, api=Api.openai_chat, upstream="openai", model="gpt-4.1-mini",
+            request={"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "What is 2+2?" + "x" * 5000}]},
+            response={"choices": [{"message": {"role": "assistant", "content": "5"}}]},
+            input_tokens=1200, output_tokens=10, cost_usd=0.001, latency_s=1.5, started_at=100.0 + i, status_code=200,
+        ))
+    store.close()
+    return tmp_path
+
+
+def test_every_script_has_help() -> None:
+    for script in ("failures.py", "transcript.py", "journal.py", "spend.py"):
+        result = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert result.returncode == 0 and "usage:" in result.stdout, script
+
+
+def test_failures_summarises_the_latest_run(project: Path) -> None:
+    doc = as_json(run_script("failures.py", cwd=project))
+    base = doc["variants"]["baseline"]
+    assert (base["finished"], base["scored"], base["passed"], base["failed_scored"], base["missing_reward"]) == \
+        (4, 2, 1, 1, 2)
+    assert base["missing_reasons"] == {"agent_crashed": 1, "no_output": 1}
+    assert base["by_model"]["openai/gpt-4.1-mini"]["calls"] == 4
+    assert base["model_time_share"] == 0.75 and base["cost_per_rollout_usd"] == 0.001
+    assert doc["failure_kinds"] == {"low_reward": 1, "agent_crashed": 1, "no_output": 1}
+    assert doc["common_errors"][0]["line"] == "KeyError: 'answer'"
+    assert doc["failures_total"] == 3 and doc["failures"][0]["grader_detail"] == {"expected": "4"}
+    only = as_json(run_script("failures.py", "--variant", "v2", cwd=project))
+    assert only["failures_total"] == 0 and list(only["variants"]) == ["v2"]
+
+
+def test_failures_reads_eval_json_from_stdin(project: Path) -> None:
+    run_dir = next((project / ".agl" / "runs").iterdir())
+    doc = as_json(run_script("failures.py", "--eval-json", "-", "--limit", "1", cwd=project,
+                             stdin=json.dumps({"run_id": run_dir.name, "run_dir": str(run_dir)})))
+    assert doc["run_id"] == run_dir.name and len(doc["failures"]) == 1
+    assert run_script("failures.py", "--eval-json", "-", cwd=project, stdin="not json").returncode == 2
+    assert run_script("failures.py", "nope", cwd=project).returncode == 2
+
+
+def test_transcript_shows_task_calls_and_clips(project: Path) -> None:
+    doc = as_json(run_script("transcript.py", "r01", "--chars", "200", cwd=project))
+    assert doc["rollout"]["task_id"] == "wrong" and doc["task"] == {"id": "wrong", "q": "2+2"}
+    (turn,) = doc["calls"]
+    assert turn["response"]["choices"][0]["message"]["content"] == "5"
+    content = turn["request"]["messages"][0]["content"]
+    assert len(content) < 400 and "characters cut" in content
+    assert run_script("transcript.py", "r", cwd=project).returncode == 2  # ambiguous prefix
+
+
+def test_journal_add_show_and_the_kept_rule(project: Path) -> None:
+    compare = {"baseline": {"ref": "baseline"}, "split": "val", "comparisons": [{
+        "candidate": {"ref": "v2"}, "verdict": "better", "difference": {"mean": 0.25, "ci95": [0.1, 0.4]},
+        "n_tasks": 40, "p_value": 0.01, "p_adjusted": 0.01}]}
+    (project / "cmp.json").write_text(json.dumps(compare))
+    added = as_json(run_script("journal.py", "add", "--hypothesis", "an explicit format fixes wrong answers",
+                               "--lever", "prompt", "--change", "prompt v2", "--compare-json", "cmp.json",
+                               "--decision", "kept", cwd=project))
+    assert added["entry"]["verdict"] == "better" and added["entry"]["difference"] == 0.25
+    assert Path(added["journal"]) == project / ".agl" / "journal.jsonl"
+    refused = run_script("journal.py", "add", "--hypothesis", "h", "--lever", "model", "--change", "c",
+                         "--verdict", "no detectable difference", "--decision", "kept", cwd=project)
+    assert refused.returncode == 2 and "better" in refused.stderr
+    shown = as_json(run_script("journal.py", "show", cwd=project))
+    assert len(shown["entries"]) == 1
+    table = run_script("journal.py", "show", "--markdown", cwd=project)
+    assert "| prompt | prompt v2 | better | +25.0 pts | kept |" in table.stdout
+
+
+def test_spend_against_a_budget(project: Path) -> None:
+    doc = as_json(run_script("spend.py", "--budget-usd", "0.01", "--budget-rollouts", "100", cwd=project))
+    assert doc["rollouts"] == 6 and doc["usd"] == pytest.approx(0.006)
+    assert doc["left"]["rollouts"] == 94 and doc["over_budget"] is False
+    assert as_json(run_script("spend.py", "--budget-usd", "0.005", cwd=project))["over_budget"] is True
+    assert as_json(run_script("spend.py", "--since", "2999-01-01", cwd=project))["rollouts"] == 0
