@@ -85,6 +85,32 @@ MIGRATIONS: list[str] = [
         reported_at REAL NOT NULL
     );
     """,
+    # 1 -> 2: training curves, one row per policy update (rl_backend.trainer.curves reads and writes them).
+    """
+    CREATE TABLE train_steps (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        step INTEGER NOT NULL,
+        model_version TEXT NOT NULL,
+        updated INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL NOT NULL,
+        rollouts INTEGER NOT NULL,
+        trained_rollouts INTEGER NOT NULL,
+        reward_mean REAL,
+        pass_rate REAL,
+        entropy REAL,
+        kl REAL,
+        loss REAL,
+        grad_norm REAL,
+        tokens_per_s REAL,
+        rollouts_per_min REAL,
+        staleness_mean REAL,
+        staleness_max INTEGER,
+        checkpoint TEXT,
+        metrics TEXT NOT NULL
+    );
+    CREATE INDEX train_steps_step ON train_steps (step);
+""",
 ]
 
 _ROLLOUT_JSON = ("grader_detail",)

@@ -1,0 +1,219 @@
+"""The synchronous training loop: run a batch of rollouts, train once on it, serve the new weights, record, repeat.
+
+Each iteration:
+  1. `run_batch(iteration)` runs tasks × group size rollouts through the gateway (the agent unchanged) and returns
+     their ids once all have finished; their calls (token ids, logprobs, model version) are in the run store.
+  2. trajectories on exact token ids (trajectory.py), GRPO advantages per rollout (advantage.py),
+  3. one policy update (torch_backend.py; rollout-normalized loss by default),
+  4. the new weights go to the serving engine (`load_state_dict(state_dict, version)`) as version `step-<n>`, so the
+     next batch samples from them,
+  5. a checkpoint (kept: the last `keep_checkpoints`) and one `train_steps` row in the store (curves.py).
+
+Nothing is in flight while training (run_batch has returned), so the sync loop's staleness is 0; it is measured from
+the calls' recorded model versions anyway, which catches an engine that was not updated.
+
+Resume: `TorchTrainer.from_checkpoint(latest_checkpoint(dir))`, then a new TrainingLoop; on start the loop pushes the
+trainer's weights to the engine when the engine serves another version.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rl_backend.store.records import Rollout
+from rl_backend.trainer.advantage import Singletons, grpo_advantages
+from rl_backend.trainer.batch import make_batch
+from rl_backend.trainer.curves import StepRecord, record_step
+from rl_backend.trainer.trajectory import MergeMode, RolloutTrajectory, default_group, trajectories_from_store
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[int], Sequence[str]]  # iteration -> ids of finished rollouts, their calls in the store
+
+
+class WeightSink(Protocol):
+    """What the loop needs from the serving engine (rl_backend.serving.engine.Engine has it)."""
+
+    @property
+    def model_version(self) -> str: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], version: str, timeout_s: float | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    iterations: int = 10
+    checkpoint_dir: Path | None = None
+    keep_checkpoints: int = 2
+    pass_threshold: float = 1.0  # a rollout passes when its reward is at least this
+    merge: MergeMode = "previous"
+    norm_by_std: bool = True
+    singletons: Singletons = "zero"
+    max_seq_len: int | None = None
+    min_trained_rollouts: int = 1  # fewer trainable rollouts: the iteration is recorded but no update is made
+    swap_timeout_s: float | None = 600.0
+
+
+def version_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def version_step(version: str | None) -> int | None:
+    """The trainer step a model version names: "base" is 0, "step-<n>" is n, anything else unknown."""
+    if version == "base":
+        return 0
+    match = re.fullmatch(r"step-(\d+)", version or "")
+    return int(match.group(1)) if match else None
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint under `directory` (step-<n> folders), or None."""
+    found = [(version_step(p.name), p) for p in directory.glob("step-*") if (p / "trainer_state.json").is_file()]
+    steps = [(s, p) for s, p in found if s is not None]
+    return max(steps)[1] if steps else None
+
+
+@dataclass
+class _Timings:
+    values: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        self.values[name] = round(now - since, 4)
+        return now
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        store: Any,
+        trainer: Any,
+        run_batch: RunBatch,
+        *,
+        engine: WeightSink | None = None,
+        config: LoopConfig | None = None,
+        group_of: Callable[[Rollout], str] = default_group,
+        on_step: Callable[[StepRecord], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.trainer = trainer
+        self.run_batch = run_batch
+        self.engine = engine
+        self.config = config or LoopConfig()
+        self.group_of = group_of
+        self.on_step = on_step or (lambda record: None)
+
+    @property
+    def version(self) -> str:
+        return version_name(self.trainer.step)
+
+    def sync_engine(self) -> float:
+        """Serve the trainer's current weights unless the engine already does; returns the seconds it took."""
+        if self.engine is None or self.engine.model_version == self.version:
+            return 0.0
+        started = time.perf_counter()
+        self.engine.load_state_dict(self.trainer.serving_state_dict(), self.version, self.config.swap_timeout_s)
+        return time.perf_counter() - started
+
+    def run(self) -> list[StepRecord]:
+        if self.trainer.step > 0:
+            self.sync_engine()  # resumed from a checkpoint: serve what was trained
+        return [self.iterate(i) for i in range(self.config.iterations)]
+
+    def iterate(self, iteration: int) -> StepRecord:
+        cfg = self.config
+        started_at = time.time()
+        t = _Timings()
+        mark = time.perf_counter()
+        rollout_ids = list(self.run_batch(iteration))
+        mark = t.add("rollout_s", mark)
+        rollout_phase_s = t.values["rollout_s"]
+        trajs, report = trajectories_from_store(self.store, rollout_ids, group_of=self.group_of, merge=cfg.merge)
+        adv = grpo_advantages(trajs, norm_by_std=cfg.norm_by_std, singletons=cfg.singletons)
+        batch = make_batch(trajs, adv.advantages, max_seq_len=cfg.max_seq_len)
+        mark = t.add("build_s", mark)
+        rewards = [r.reward for r in (self.store.get_rollout(rid) for rid in rollout_ids) if r and r.reward is not None]
+        staleness = self._staleness(trajs)
+        metrics: dict[str, Any] = {
+            "iteration": iteration,
+            "trajectories": report.summary(),
+            "advantages": adv.summary(),
+            "rewards_missing": len(rollout_ids) - len(rewards),
+            "truncated_tokens": batch.truncated_tokens,
+            "rollout_ids": rollout_ids,
+        }
+        train: dict[str, float] = {}
+        updated = False
+        if batch.rows and batch.totals.n_rollouts >= cfg.min_trained_rollouts:
+            before = self.trainer.step
+            train = self.trainer.train_step(batch)
+            updated = self.trainer.step != before
+            mark = t.add("train_s", mark)
+            if updated:
+                t.values["sync_s"] = round(self.sync_engine(), 4)
+                mark = time.perf_counter()
+            else:
+                metrics["skipped"] = f"every optimizer step had a non-finite gradient ({train.get('skipped_steps')})"
+        else:
+            metrics["skipped"] = f"{batch.totals.n_rollouts} trainable rollouts (< {cfg.min_trained_rollouts})"
+        if not updated:
+            log.warning("iteration %d: no update: %s", iteration, metrics["skipped"])
+        checkpoint = None
+        if updated and cfg.checkpoint_dir is not None:
+            checkpoint = str(self._checkpoint(train))
+            t.add("checkpoint_s", mark)
+        metrics["train"] = train
+        metrics["timings"] = t.values
+        record = StepRecord(
+            step=self.trainer.step,
+            model_version=self.version,
+            updated=updated,
+            started_at=started_at,
+            ended_at=time.time(),
+            rollouts=len(rollout_ids),
+            trained_rollouts=batch.totals.n_rollouts,
+            reward_mean=sum(rewards) / len(rewards) if rewards else None,
+            pass_rate=sum(r >= cfg.pass_threshold for r in rewards) / len(rewards) if rewards else None,
+            entropy=train.get("entropy"),
+            kl=train.get("kl"),  # to the reference; None without one (ppo_kl, sampling vs new policy, is in metrics)
+            loss=train.get("loss"),
+            grad_norm=train.get("grad_norm"),
+            tokens_per_s=train.get("tokens_per_s"),
+            rollouts_per_min=60.0 * len(rollout_ids) / rollout_phase_s if rollout_phase_s > 0 else None,
+            staleness_mean=sum(staleness) / len(staleness) if staleness else None,
+            staleness_max=max(staleness) if staleness else None,
+            checkpoint=checkpoint,
+            metrics=metrics,
+        )
+        record_step(self.store, record)
+        self.on_step(record)
+        return record
+
+    def _staleness(self, trajs: Sequence[RolloutTrajectory]) -> list[int]:
+        """Per trained call: how many updates behind the policy being trained its sampling weights were."""
+        out = []
+        for traj in trajs:
+            for seq in traj.sequences:
+                for version in seq.model_versions:
+                    step = version_step(version)
+                    if step is not None:
+                        out.append(self.trainer.step - step)
+        return out
+
+    def _checkpoint(self, train: Mapping[str, float]) -> Path:
+        directory = self.config.checkpoint_dir
+        assert directory is not None
+        path = self.trainer.save_checkpoint(directory / self.version, {"model_version": self.version, "metrics": train})
+        steps = sorted(
+            (s, p) for p in directory.glob("step-*") if p.is_dir() and (s := version_step(p.name)) is not None
+        )
+        for _, old in steps[: max(0, len(steps) - self.config.keep_checkpoints)]:
+            shutil.rmtree(old, ignore_errors=True)
+        return Path(path)
