@@ -9,6 +9,7 @@ from agl_cli.commands import (
     compare_cmd,
     doctor_cmd,
     eval_cmd,
+    gateway_cmd,
     init_cmd,
     optimize_cmd,
     report_cmd,
@@ -34,6 +35,7 @@ app.command("report")(report_cmd.report_command)
 app.command("serve")(serve_cmd.serve_command)
 app.command("advise")(advise_cmd.advise_command)
 app.add_typer(skill_cmd.app, name="skill")
+app.add_typer(gateway_cmd.app, name="gateway")
 
 
 def main() -> None:

@@ -204,3 +204,40 @@ def test_chat_to_message_maps_stops_and_bad_tool_arguments() -> None:
         "cache_read_input_tokens": 4,
         "cache_creation_input_tokens": 0,
     }
+
+
+def test_writer_commits_a_lone_call_inline_and_queues_while_the_store_is_locked(tmp_path: Path) -> None:
+    import sqlite3
+
+    store = RunStore(tmp_path / "s.sqlite")
+    writer = RecordWriter(store)
+
+    async def main() -> tuple[int, bool, int]:
+        await writer.write(_record(1), alone=True)  # committed right here: no writer thread needed
+        inline_visible = store.count_calls()
+        blocker = sqlite3.connect(tmp_path / "s.sqlite", timeout=5)
+        blocker.execute("BEGIN IMMEDIATE")  # another process writing: the inline path must not wait on the loop
+        task = asyncio.ensure_future(writer.write(_record(2), alone=True))
+        await asyncio.sleep(0.2)
+        waited = not task.done()
+        blocker.rollback()
+        blocker.close()
+        await task  # the writer thread commits it once the lock is free
+        return inline_visible, waited, store.count_calls()
+
+    assert asyncio.run(main()) == (1, True, 2)
+    assert writer.written == 2
+    writer.close()
+    store.close()
+
+
+def test_rows_redact_secrets_echoed_into_requests_responses_and_errors() -> None:
+    from rl_backend.gateway.writer import call_row
+
+    secret = 'sk-"odd"-secret'
+    record = CallRecord(
+        call_id="c", api=Api.openai_chat, upstream="u", request={"messages": [{"content": f"my key is {secret}"}]},
+        response={"echo": secret}, error=f"upstream_http_401: bad key {secret}",
+    )
+    row = " ".join(str(v) for v in call_row(record, (secret, "")))
+    assert "odd" not in row and row.count("[redacted]") == 3

@@ -19,6 +19,7 @@ from rl_backend.gateway.exchange import (
     check_optional,
     usage_from_anthropic,
 )
+from rl_backend.gateway.jsonfast import loads
 from rl_backend.gateway.knobs import apply_anthropic_messages
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
@@ -146,13 +147,13 @@ class MessagesExchange(AnthropicExchange):
         if event.event:
             return event.event == "message_stop"
         try:
-            data = json.loads(event.data)
+            data = loads(event.data)
         except ValueError:
             return False
         return isinstance(data, dict) and data.get("type") == "message_stop"
 
     def process_event(self, event: SSEEvent) -> list[bytes]:
-        data = json.loads(event.data)
+        data = loads(event.data)
         if not isinstance(data, dict):
             raise ValueError(f"stream event is {type(data).__name__}, not an object")
         if self.acc.add(data):

@@ -1,15 +1,14 @@
-"""The gateway: rollout registry and auth, the HTTP routes, admin (pause/resume), and starting it on a thread.
+"""The gateway: rollout registry and auth, the HTTP routes, pause/resume, and starting it on a thread.
 
 An agent gets base URLs under `/rollouts/<rid>/` and a token valid for that rollout only. Every model call it makes
-becomes one CallRecord in the run store (see proxy.py); a reward it posts goes to the store too.
+becomes one CallRecord in the run store (see proxy.py); a reward it posts goes to the store too. Model calls take a
+direct ASGI path (no router, no middleware: they are the hot path); everything else is a small Starlette app.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -23,11 +22,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.admin import AdminAPI
 from rl_backend.gateway.apis import build_exchange
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
+from rl_backend.gateway.httpio import dialect_of, parse_json_object, presented_token, read_json_object
 from rl_backend.gateway.knobs import validate_knobs
 from rl_backend.gateway.pricing import PriceTable
 from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
@@ -37,44 +39,26 @@ from rl_backend.gateway.writer import RecordWriter
 from rl_backend.httpserver import ServerThread
 from rl_backend.store.db import RunStore
 
+# The model-call endpoints under /rollouts/<rid>/, and the API kind each serves.
+PROXY_PATHS = {
+    "openai/v1/chat/completions": "chat",
+    "openai/v1/completions": "completions",
+    "openai/v1/responses": "responses",
+    "anthropic/v1/messages": "messages",
+}
+
 
 @dataclass
-class _Rollout:
+class RolloutEntry:
     token: str
     knobs: dict[str, Any]
 
 
-def _dialect_of(path: str) -> Dialect:
-    return "anthropic" if "/anthropic/" in path else "openai"
-
-
-def _presented_token(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, value = auth.partition(" ")
+def _scope_token(headers: dict[str, str]) -> str | None:
+    scheme, _, value = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.headers.get("x-api-key") or None
-
-
-async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, or a 4xx saying what is wrong with it."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body of {int(declared)} bytes is over this gateway's limit of {limit} bytes")
-    buf = bytearray()
-    async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > limit:
-            raise GatewayError(413, f"request body is over this gateway's limit of {limit} bytes")
-    if not buf:
-        raise GatewayError(400, "the request has no body: send a JSON object")
-    try:
-        data = json.loads(bytes(buf))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GatewayError(400, f"the request body must be a JSON object, got a JSON {type(data).__name__}")
-    return data
+    return headers.get("x-api-key") or None
 
 
 class Gateway:
@@ -107,9 +91,9 @@ class Gateway:
             state=self.state,
             durable_before_reply=durable_before_reply,
         )
-        self._rollouts: dict[str, _Rollout] = {}
+        self._rollouts: dict[str, RolloutEntry] = {}
         self._secrets = tuple(u.api_key for u in upstreams.values() if u.api_key)
-        self._app: Starlette | None = None
+        self._starlette: Starlette | None = None
         self.base_url: str | None = None  # set by start_gateway
 
     # -- rollouts -------------------------------------------------------------------------------------------------
@@ -122,14 +106,16 @@ class Gateway:
         if "model" in checked:
             self.router.resolve(None, checked["model"], rollout_id)  # fail now, not at the agent's first call
         token = "agl-" + secrets.token_urlsafe(24)
-        self._rollouts[rollout_id] = _Rollout(token, checked)
+        self._rollouts[rollout_id] = RolloutEntry(token, checked)
         return token
 
     def unregister_rollout(self, rollout_id: str) -> None:
         self._rollouts.pop(rollout_id, None)
 
-    def _authorize(self, request: Request) -> tuple[str, _Rollout]:
-        rollout_id = request.path_params["rid"]
+    def rollout_entry(self, rollout_id: str) -> RolloutEntry | None:
+        return self._rollouts.get(rollout_id)
+
+    def _authorize(self, rollout_id: str, token: str | None) -> RolloutEntry:
         entry = self._rollouts.get(rollout_id)
         if entry is None:
             raise GatewayError(
@@ -138,7 +124,6 @@ class Gateway:
                 "wrong): use the base URL agl gave this agent",
                 code="rollout_not_found",
             )
-        token = _presented_token(request)
         if token is None:
             raise GatewayError(
                 401,
@@ -153,7 +138,7 @@ class Gateway:
                 "API key agl set in this agent's environment",
                 code="invalid_api_key",
             )
-        return rollout_id, entry
+        return entry
 
     # -- pause, resume, state (Python side, for an in-process trainer) --------------------------------------------
 
@@ -191,50 +176,54 @@ class Gateway:
             "calls_started": self.state.calls_started,
             "calls_recorded": self.writer.written,
             "rollouts": len(self._rollouts),
+            "upstream_connections_opened": self.services.client.connections_opened,
         }
 
     # -- HTTP -----------------------------------------------------------------------------------------------------
 
     @property
-    def app(self) -> Starlette:
-        if self._app is None:
-            self._app = self._build_app()
-        return self._app
+    def app(self) -> Gateway:
+        """The ASGI application (the gateway itself)."""
+        return self
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/rollouts/"):
+            rollout_id, _, rest = scope["path"][10:].partition("/")
+            kind = PROXY_PATHS.get(rest)
+            if kind is not None and rollout_id:
+                if scope["method"] == "POST":
+                    await self._proxy(scope, receive, send, rollout_id, kind)
+                    return
+                message = f"{scope['method']} is not allowed on {scope['path']!r}: model calls are POSTs"
+                body = error_body(405, message, dialect_of(scope["path"]))
+                await json_response(405, body, {"allow": "POST"})(scope, receive, send)
+                return
+        if self._starlette is None:
+            self._starlette = self._build_app()
+        await self._starlette(scope, receive, send)
 
     def _build_app(self) -> Starlette:
         prefix = "/rollouts/{rid}"
-
-        def proxy(kind: str) -> Any:
-            async def endpoint(request: Request) -> Response:
-                return await self._proxy(request, kind)
-
-            return endpoint
-
         routes = [
-            Route(f"{prefix}/openai/v1/chat/completions", proxy("chat"), methods=["POST"]),
-            Route(f"{prefix}/openai/v1/completions", proxy("completions"), methods=["POST"]),
-            Route(f"{prefix}/openai/v1/responses", proxy("responses"), methods=["POST"]),
-            Route(f"{prefix}/anthropic/v1/messages", proxy("messages"), methods=["POST"]),
             Route(f"{prefix}/openai/v1/models", self._models, methods=["GET"]),
             Route(f"{prefix}/reward", self._reward, methods=["POST"]),
-            Route("/admin/pause", self._admin_pause, methods=["POST"]),
-            Route("/admin/resume", self._admin_resume, methods=["POST"]),
-            Route("/admin/state", self._admin_state, methods=["GET"]),
+            *AdminAPI(self).routes(),
             Route("/healthz", self._health, methods=["GET"]),
         ]
 
         async def http_error(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 500
+            path = request.url.path
             if status == 404:
                 message = (
-                    f"no such endpoint {request.url.path!r}: this gateway serves /rollouts/<id>/openai/v1/"
+                    f"no such endpoint {path!r}: this gateway serves /rollouts/<id>/openai/v1/"
                     "chat/completions, …/completions, …/responses and /rollouts/<id>/anthropic/v1/messages"
                 )
             elif status == 405:
-                message = f"{request.method} is not allowed on {request.url.path!r}"
+                message = f"{request.method} is not allowed on {path!r}"
             else:
                 message = f"gateway error: {exc}"
-            return json_response(status, error_body(status, message, _dialect_of(request.url.path)))
+            return json_response(status, error_body(status, message, dialect_of(path)))
 
         @asynccontextmanager
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -252,11 +241,12 @@ class Gateway:
             lifespan=lifespan,
         )
 
-    async def _proxy(self, request: Request, kind: str) -> Response:
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, rollout_id: str, kind: str) -> None:
         dialect: Dialect = "anthropic" if kind == "messages" else "openai"
         started_at, t0 = time.time(), time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            rollout_id, entry = self._authorize(request)
+            entry = self._authorize(rollout_id, _scope_token(headers))
             if self.state.paused:
                 raise GatewayError(
                     429,
@@ -265,11 +255,12 @@ class Gateway:
                     headers={"retry-after": f"{self.pause_retry_after_s:g}"},
                 )
         except GatewayError as exc:
-            return error_response(exc, dialect)
+            await error_response(exc, dialect)(scope, receive, send)
+            return
         # In flight from admission on, so a drain that starts while this body is still arriving waits for it.
         self.state.in_flight += 1
         try:
-            body = await read_json_object(request, self.max_body_bytes)
+            body = parse_json_object(await self._read_body(headers, receive))
             check_optional(body, "model", "string")
             request_model = body.get("model")
             route = self.router.resolve(request_model, entry.knobs.get("model"), rollout_id)
@@ -278,24 +269,45 @@ class Gateway:
         except BaseException as exc:
             self.state.in_flight -= 1
             if isinstance(exc, GatewayError):
-                return error_response(exc, dialect)
+                await error_response(exc, dialect)(scope, receive, send)
+                return
             raise
-        applied = {"model": entry.knobs["model"]} if "model" in entry.knobs else {}
-        return ProxyCall(
+        call = ProxyCall(
             self.services,
             exchange,
             rollout_id=rollout_id,
             request_model=request_model,
-            agent_headers={k.lower(): v for k, v in request.headers.items()},
-            knobs_applied=applied,
+            agent_headers=headers,
+            knobs_applied={"model": entry.knobs["model"]} if "model" in entry.knobs else {},
             secrets=(*self._secrets, entry.token),
             started_at=started_at,
             t0=t0,
         )
+        await call(scope, receive, send)
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        limit = self.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise GatewayError(413, f"request body of {int(declared)} bytes is over this gateway's limit of {limit} bytes")
+        message = await receive()
+        body = message.get("body", b"")
+        if not message.get("more_body", False) and len(body) <= limit:
+            return bytes(body)  # the usual case: the whole body in one message, no copy
+        buf = bytearray(body)
+        while True:
+            if len(buf) > limit:
+                raise GatewayError(413, f"request body is over this gateway's limit of {limit} bytes")
+            if not message.get("more_body", False):
+                return bytes(buf)
+            message = await receive()
+            if message["type"] != "http.request":
+                raise GatewayError(400, "the client closed the connection before sending the whole body")
+            buf += message.get("body", b"")
 
     async def _models(self, request: Request) -> Response:
         try:
-            self._authorize(request)
+            self._authorize(request.path_params["rid"], presented_token(request))
         except GatewayError as exc:
             return error_response(exc, "openai")
         names = [self.router.default_model] if self.router.default_model else []
@@ -304,8 +316,9 @@ class Gateway:
         return json_response(200, {"object": "list", "data": data})
 
     async def _reward(self, request: Request) -> Response:
+        rollout_id = request.path_params["rid"]
         try:
-            rollout_id, _ = self._authorize(request)
+            self._authorize(rollout_id, presented_token(request))
             body = await read_json_object(request, 2**20)
             reward = body.get("reward")
             if (
@@ -324,59 +337,11 @@ class Gateway:
         await self.writer.call(lambda store: store.report_reward(rollout_id, value, detail))
         return json_response(200, {"ok": True, "rollout_id": rollout_id, "reward": value})
 
-    # -- admin ----------------------------------------------------------------------------------------------------
-
-    def _admin_guard(self, request: Request) -> None:
-        if self.admin_token is None:
-            raise GatewayError(403, "admin endpoints are off: this gateway was started without an admin token")
-        token = _presented_token(request)
-        if token is None or not hmac.compare_digest(token.encode(), self.admin_token.encode()):
-            raise GatewayError(401, "admin endpoints need `Authorization: Bearer <admin token>`")
-
-    async def _admin_body(self, request: Request) -> dict[str, Any]:
-        if request.headers.get("content-length") in (None, "0"):
-            return {}
-        return await read_json_object(request, 2**16)
-
-    async def _admin_pause(self, request: Request) -> Response:
-        try:
-            self._admin_guard(request)
-            body = await self._admin_body(request)
-            check_optional(body, "drain_timeout_s", "number")
-        except GatewayError as exc:
-            return error_response(exc, "openai")
-        self.pause()
-        drained = self.state.in_flight == 0
-        timeout = body.get("drain_timeout_s")
-        if timeout:
-            with anyio.move_on_after(float(timeout)):
-                while self.state.in_flight > 0:
-                    await asyncio.sleep(0.005)
-            drained = self.state.in_flight == 0
-        return json_response(200, {**self.state_dict(), "drained": drained})
-
-    async def _admin_resume(self, request: Request) -> Response:
-        try:
-            self._admin_guard(request)
-            body = await self._admin_body(request)
-            check_optional(body, "model_version", "string")
-        except GatewayError as exc:
-            return error_response(exc, "openai")
-        self.resume(body.get("model_version"))
-        return json_response(200, self.state_dict())
-
-    async def _admin_state(self, request: Request) -> Response:
-        try:
-            self._admin_guard(request)
-        except GatewayError as exc:
-            return error_response(exc, "openai")
-        return json_response(200, self.state_dict())
-
     async def _health(self, request: Request) -> Response:
         return json_response(200, {"ok": True})
 
 
-def _is_loopback_host(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -387,7 +352,7 @@ def _is_loopback_host(host: str) -> bool:
 
 def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> ServerThread:
     """Serve the gateway on a background thread; returns the started server (its .base_url)."""
-    if not _is_loopback_host(host) and not gateway.admin_token:
+    if not is_loopback_host(host) and not gateway.admin_token:
         raise ValueError(
             f"refusing to serve the gateway on {host!r}: beyond loopback it needs an admin token "
             "(Gateway(..., admin_token=...))"

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from starlette.responses import Response
 
+from rl_backend.gateway.jsonfast import dumps
+
 Dialect = Literal["openai", "anthropic"]
 
 _OPENAI_TYPES = {
@@ -73,7 +75,7 @@ def error_body(
 
 def json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+        dumps(body),
         status_code=status,
         headers=headers,
         media_type="application/json",

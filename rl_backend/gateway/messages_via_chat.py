@@ -22,10 +22,11 @@ from rl_backend.gateway.anthropic_translate import (
 )
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import int_list, usage_from_openai
+from rl_backend.gateway.jsonfast import loads
 from rl_backend.gateway.knobs import apply_anthropic_messages
 from rl_backend.gateway.openai_chat import ChatAccumulator, chat_logprobs
 from rl_backend.gateway.routing import Route
-from rl_backend.gateway.sse import SSEEvent, encode_json_event
+from rl_backend.gateway.sse import SSEEvent, encode_json_event, is_done
 from rl_backend.store.records import Api
 
 
@@ -87,7 +88,7 @@ class MessagesViaChatExchange(AnthropicExchange):
     # -- streams --------------------------------------------------------------------------------------------------
 
     def is_terminal(self, event: SSEEvent) -> bool:
-        return event.data.strip() == "[DONE]"
+        return is_done(event.data)
 
     def stream_complete(self) -> bool:
         return self.done
@@ -128,10 +129,10 @@ class MessagesViaChatExchange(AnthropicExchange):
         return out
 
     def process_event(self, event: SSEEvent) -> list[bytes]:
-        if event.data.strip() == "[DONE]":
+        if is_done(event.data):
             self.done = True
             return self._finish()
-        chunk = json.loads(event.data)
+        chunk = loads(event.data)
         if not isinstance(chunk, dict):
             raise ValueError(f"stream chunk is {type(chunk).__name__}, not an object")
         if chunk.get("error") is not None and not chunk.get("choices"):

@@ -7,7 +7,6 @@ what it receives, so it sees the response shape it would have got without the ga
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +20,10 @@ from rl_backend.gateway.exchange import (
     int_list,
     usage_from_openai,
 )
+from rl_backend.gateway.jsonfast import loads
 from rl_backend.gateway.knobs import apply_openai_chat
 from rl_backend.gateway.routing import Route
-from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event
+from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event, is_done
 from rl_backend.store.records import Api
 
 
@@ -60,32 +60,42 @@ class ChatAccumulator:
         self.model_version: str | None = None
 
     def add(self, chunk: Mapping[str, Any]) -> bool:
-        """Fold one chunk in; True when it carried generated output."""
-        for key in ("id", "created", "model", "system_fingerprint"):
-            if chunk.get(key) is not None and key not in self.head:
-                self.head[key] = chunk[key]
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        if self.prompt_token_ids is None:
-            self.prompt_token_ids = int_list(chunk.get("prompt_token_ids"))
-        if isinstance(chunk.get("model_version"), str):
-            self.model_version = chunk["model_version"]
+        """Fold one chunk in; True when it carried generated output. (Called for every stream event: kept lean.)"""
+        head = self.head
+        if len(head) < 4:
+            for key in ("id", "created", "model", "system_fingerprint"):
+                if key not in head and chunk.get(key) is not None:
+                    head[key] = chunk[key]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        if self.prompt_token_ids is None and "prompt_token_ids" in chunk:
+            self.prompt_token_ids = int_list(chunk["prompt_token_ids"])
+        version = chunk.get("model_version")
+        if isinstance(version, str):
+            self.model_version = version
         produced = False
-        for choice in chunk.get("choices") or []:
+        for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
-            state = self.choices.setdefault(
-                int(choice.get("index") or 0),
-                {"role": None, "content": [], "reasoning": [], "tools": {}, "finish": None, "lp": [], "ids": []},
-            )
+            index = int(choice.get("index") or 0)
+            state = self.choices.get(index)
+            if state is None:
+                state = self.choices[index] = {
+                    "role": None, "content": [], "reasoning": [], "tools": {}, "finish": None, "lp": [], "ids": [],
+                }
             delta = choice.get("delta") or {}
             if delta.get("role"):
                 state["role"] = delta["role"]
-            for key, into in (("content", "content"), ("reasoning_content", "reasoning"), ("reasoning", "reasoning")):
-                if isinstance(delta.get(key), str) and delta[key]:
-                    state[into].append(delta[key])
+            content = delta.get("content")
+            if content and isinstance(content, str):
+                state["content"].append(content)
+                produced = True
+            for key in ("reasoning_content", "reasoning"):
+                if key in delta and isinstance(delta[key], str) and delta[key]:
+                    state["reasoning"].append(delta[key])
                     produced = True
-            for call in delta.get("tool_calls") or []:
+            for call in delta.get("tool_calls") or ():
                 produced = True
                 slot = state["tools"].setdefault(
                     int(call.get("index") or 0), {"id": None, "type": "function", "name": "", "arguments": []}
@@ -102,7 +112,7 @@ class ChatAccumulator:
             lp = choice.get("logprobs")
             if isinstance(lp, dict) and isinstance(lp.get("content"), list):
                 state["lp"].extend(lp["content"])
-            ids = int_list(choice.get("token_ids"))
+            ids = int_list(choice["token_ids"]) if "token_ids" in choice else None
             if ids:
                 state["ids"].extend(ids)
                 produced = True
@@ -159,7 +169,7 @@ class OpenAIExchange(Exchange):
         return encode_json_event(error_body(502, message, "openai"))
 
     def is_terminal(self, event: SSEEvent) -> bool:
-        return event.data.strip() == "[DONE]"
+        return is_done(event.data)
 
     def stream_complete(self) -> bool:
         return self.done
@@ -185,10 +195,10 @@ class OpenAIExchange(Exchange):
 
     def _parse_chunk(self, event: SSEEvent) -> dict[str, Any] | None:
         """The chunk as JSON; None for [DONE]. An error payload is remembered for the record."""
-        if event.data.strip() == "[DONE]":
+        if is_done(event.data):
             self.done = True
             return None
-        chunk = json.loads(event.data)
+        chunk = loads(event.data)
         if not isinstance(chunk, dict):
             raise ValueError(f"stream chunk is {type(chunk).__name__}, not an object")
         if chunk.get("error") is not None and not chunk.get("choices"):

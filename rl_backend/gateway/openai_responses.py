@@ -6,11 +6,11 @@ response with its usage: that is what the record keeps. Responses servers return
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_optional, usage_from_openai
+from rl_backend.gateway.jsonfast import loads
 from rl_backend.gateway.knobs import apply_openai_responses
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
@@ -70,7 +70,7 @@ class ResponsesExchange(Exchange):
         if event.event:
             return event.event
         try:
-            data = json.loads(event.data)
+            data = loads(event.data)
         except ValueError:
             return None
         return data.get("type") if isinstance(data, dict) else None
@@ -79,7 +79,7 @@ class ResponsesExchange(Exchange):
         return self._kind(event) in TERMINAL
 
     def process_event(self, event: SSEEvent) -> list[bytes]:
-        data = json.loads(event.data)
+        data = loads(event.data)
         if not isinstance(data, dict):
             raise ValueError(f"stream event is {type(data).__name__}, not an object")
         kind = data.get("type") or event.event

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from collections.abc import Mapping
@@ -54,6 +55,7 @@ def _load_shipped() -> dict[str, Price]:
     return {name: Price.parse(name, raw) for name, raw in json.loads(text)["models"].items()}
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback_url(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     if host == "localhost":

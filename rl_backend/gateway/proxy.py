@@ -8,23 +8,24 @@ response's last byte (the body, or a stream's terminal event), so a call the age
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import json
+import itertools
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-import httpx
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.callrecord import Ending, build_record
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import Exchange
-from rl_backend.gateway.pricing import PriceTable, upstream_is_free
+from rl_backend.gateway.h1client import HTTPError, ReadTimeout, Response
+from rl_backend.gateway.jsonfast import dumps, loads
+from rl_backend.gateway.pricing import PriceTable
 from rl_backend.gateway.sse import SSEDecoder, SSEEvent
 from rl_backend.gateway.upstream import UpstreamClient, UpstreamUnavailable, close_quietly
 from rl_backend.gateway.writer import RecordWriter
@@ -32,8 +33,17 @@ from rl_backend.store.records import CallRecord
 
 log = logging.getLogger(__name__)
 
+# Call ids: a random per-process prefix and a counter (32 hex digits like a uuid4, unique across processes sharing a
+# store, and without a system call per call).
+_ID_PREFIX = os.urandom(10).hex()
+_ID_COUNTER = itertools.count(1)
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; the agent never got a full answer
 _PASS_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 @dataclass
@@ -55,8 +65,8 @@ class Services:
     durable_before_reply: bool = True
 
 
-class ProxyCall(Response):
-    """The response for one admitted call; it owns one unit of `GatewayState.in_flight` and releases it at the end."""
+class ProxyCall:
+    """The ASGI response for one admitted call; it owns one unit of `GatewayState.in_flight` and releases it."""
 
     def __init__(
         self,
@@ -71,7 +81,6 @@ class ProxyCall(Response):
         started_at: float,
         t0: float,
     ) -> None:
-        self.background = None
         self.services = services
         self.exchange = exchange
         self.rollout_id = rollout_id
@@ -79,7 +88,7 @@ class ProxyCall(Response):
         self.agent_headers = agent_headers
         self.knobs_applied = knobs_applied
         self.secrets = tuple(s for s in secrets if s)
-        self.call_id = f"call-{uuid.uuid4().hex}"
+        self.call_id = f"call-{_ID_PREFIX}{next(_ID_COUNTER):012x}"
         self.started_at = started_at  # when the request arrived (time.time)
         self.t0 = t0  # the same instant on perf_counter, for latency and ttft
         self.ttft_s: float | None = None
@@ -91,6 +100,7 @@ class ProxyCall(Response):
         self.response_done = False
         self.client_gone = False
         self.recorded = False
+        self.running = False
 
     # -- ASGI -----------------------------------------------------------------------------------------------------
 
@@ -98,25 +108,29 @@ class ProxyCall(Response):
         # The gateway counted this call in flight when it admitted it (before reading its body): see Gateway._proxy.
         state = self.services.state
         state.calls_started += 1
-        bug: Exception | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        self.running = True
+        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, task))
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-                try:
-                    await self._run(send)
-                except Exception as exc:
-                    bug = exc
-                finally:
-                    tg.cancel_scope.cancel()
-            if bug is not None:  # a gateway bug: the agent gets a 500 in its API's shape, the call is recorded
-                log.error("gateway: call %s failed inside the gateway", self.call_id, exc_info=bug)
-                self.error = self.error or f"gateway_error: {type(bug).__name__}: {bug}"
+            try:
+                await self._run(send)
+            except asyncio.CancelledError:
+                if not self.client_gone:
+                    raise  # the server is stopping
+                task.uncancel()
+            except Exception as exc:  # a gateway bug: the agent gets a 500 in its API's shape, the call is recorded
+                self.running = False
+                log.error("gateway: call %s failed inside the gateway", self.call_id, exc_info=exc)
+                self.error = self.error or f"gateway_error: {type(exc).__name__}: {exc}"
                 self.status = 500
                 if not self.response_started:
-                    await self._send_json(send, 500, error_body(500, f"gateway error: {bug}", self.exchange.dialect))
+                    await self._send_json(send, 500, error_body(500, f"gateway error: {exc}", self.exchange.dialect))
                 elif not self.response_done:
-                    await self._send_events(send, [self.exchange.error_event(f"gateway error: {bug}")], last=True)
+                    await self._send_events(send, [self.exchange.error_event(f"gateway error: {exc}")], last=True)
         finally:
+            self.running = False
+            watcher.cancel()
             state.in_flight -= 1
             if self.client_gone:
                 self.status = CLIENT_CLOSED
@@ -128,25 +142,25 @@ class ProxyCall(Response):
             if not self.recorded:
                 self.recorded = True
                 try:
-                    self.services.writer.submit(self._record())
+                    self.services.writer.submit(self._record(), self.secrets)
                 except Exception:
                     log.exception("gateway: could not build the record of call %s", self.call_id)
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+    async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 # Our own last send also ends the cycle (the server then reports a disconnect): not the agent leaving.
-                if not self.response_done:
+                if not self.response_done and self.running:
                     self.client_gone = True
-                    scope.cancel()
+                    task.cancel()
                 return
 
     # -- the exchange ---------------------------------------------------------------------------------------------
 
     async def _run(self, send: Send) -> None:
         ex = self.exchange
-        body = json.dumps(ex.upstream_body(), separators=(",", ":"), ensure_ascii=False).encode()
+        body = dumps(ex.upstream_body())
         try:
             opened = await self.services.client.open(ex.route, ex.path, body, ex.upstream_headers(self.agent_headers))
         except UpstreamUnavailable as exc:
@@ -161,19 +175,19 @@ class ProxyCall(Response):
             else:
                 await self._whole(send, response)
         finally:
-            await close_quietly(response)
+            close_quietly(response)
 
-    async def _pass_error(self, send: Send, response: httpx.Response) -> None:
+    async def _pass_error(self, send: Send, response: Response) -> None:
         """An upstream error status after retries: the agent gets it as the upstream said it."""
         try:
             raw = await response.aread()
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream error body unreadable: {exc}")
             return
         self.status = response.status_code
         self.error = f"upstream_http_{response.status_code}: {upstream_error_message(raw)}"
         try:
-            parsed = json.loads(raw)
+            parsed = loads(raw)
             self.failure_body = parsed if isinstance(parsed, dict) else None
         except ValueError:
             self.failure_body = None
@@ -184,56 +198,52 @@ class ProxyCall(Response):
         await self._commit()
         await self._send_whole(send, response.status_code, content, ctype, headers)
 
-    async def _whole(self, send: Send, response: httpx.Response) -> None:
+    async def _whole(self, send: Send, response: Response) -> None:
         try:
             raw = await response.aread()
-        except httpx.TimeoutException:
+        except ReadTimeout:
             await self._fail(send, 504, "upstream_timeout: no full answer in time", "upstream timed out")
             return
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream connection broke: {exc}")
             return
         try:
-            data = self.exchange.process_response(json.loads(raw))
+            data = self.exchange.process_response(loads(raw))
         except ValueError as exc:
             snippet = raw[:200].decode("utf-8", "replace")
             await self._fail(send, 502, f"upstream_malformed: {exc}: {snippet!r}", f"upstream sent a malformed answer: {exc}")
             return
         self.status = response.status_code
-        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        payload = dumps(data)
         await self._commit()
         await self._send_whole(send, response.status_code, payload, "application/json", {})
 
-    async def _stream(self, send: Send, response: httpx.Response) -> None:
+    async def _stream(self, send: Send, response: Response) -> None:
         ex = self.exchange
         self.status = response.status_code
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-accel-buffering", b"no"),
-                ],
-            }
-        )
+        await send({"type": "http.response.start", "status": response.status_code, "headers": self._headers(_SSE_HEADERS)})
         self.response_started = True
         decoder = SSEDecoder()
         chunks = response.aiter_bytes()
         try:
             async for chunk in chunks:
+                out: list[bytes] = []
                 for event in decoder.feed(chunk):
-                    if await self._forward(send, event):
+                    if await self._forward(send, event, out):
                         await self._drain(chunks)
                         return
+                if out:
+                    await self._send_events(send, out)
+            out = []
             for event in decoder.flush():
-                if await self._forward(send, event):
+                if await self._forward(send, event, out):
                     return
-        except httpx.TimeoutException:
+            if out:
+                await self._send_events(send, out)
+        except ReadTimeout:
             await self._break_stream(send, "upstream_timeout: the stream stalled past the upstream's timeout")
             return
-        except httpx.HTTPError as exc:
+        except HTTPError as exc:
             await self._break_stream(send, f"upstream_stream_broken: {type(exc).__name__}: {exc}")
             return
         except ValueError as exc:
@@ -246,28 +256,25 @@ class ProxyCall(Response):
         await self._commit()
         await self._send_events(send, tail, last=True)
 
-    async def _forward(self, send: Send, event: SSEEvent) -> bool:
-        """Pass one event on; True when it was the terminal one (then the response is complete)."""
+    async def _forward(self, send: Send, event: SSEEvent, out: list[bytes]) -> bool:
+        """Collect one event's bytes into `out`; at the terminal event, commit and send everything: True."""
         ex = self.exchange
         terminal = ex.is_terminal(event)
-        out = ex.process_event(event)
+        out += ex.process_event(event)
         if ex.output_started and self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self.t0
         if terminal:
             await self._commit()
             await self._send_events(send, out, last=True)
             return True
-        await self._send_events(send, out)
         return False
 
     async def _drain(self, chunks: AsyncIterator[bytes]) -> None:
         """Read what follows the terminal event so the upstream connection can be reused; never wait long."""
-        with anyio.move_on_after(1.0):
-            try:
+        with contextlib.suppress(HTTPError, TimeoutError):
+            async with asyncio.timeout(1.0):
                 async for _ in chunks:
                     pass
-            except httpx.HTTPError:
-                pass
 
     async def _break_stream(self, send: Send, error: str, tail: list[bytes] | None = None) -> None:
         self.error = error
@@ -286,25 +293,29 @@ class ProxyCall(Response):
 
     # -- sending --------------------------------------------------------------------------------------------------
 
+    def _headers(self, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        # The call's id lets an agent (or a test) find its record.
+        return [*base, (b"x-agl-call-id", self.call_id.encode())]
+
     async def _send_events(self, send: Send, events: list[bytes], *, last: bool = False) -> None:
+        """Events that arrived together go out in one write; the last one closes the response."""
         if last:
             self.response_done = True
-        for data in events:
-            self.events_sent += 1
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-        if last:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.events_sent += len(events)
+        body = events[0] if len(events) == 1 else b"".join(events)
+        if body or last:
+            await send({"type": "http.response.body", "body": body, "more_body": not last})
 
     async def _send_whole(self, send: Send, status: int, body: bytes, ctype: str, headers: dict[str, str]) -> None:
         raw_headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
         raw_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
         self.response_done = True
         self.response_started = True
-        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        await send({"type": "http.response.start", "status": status, "headers": self._headers(raw_headers)})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _send_json(self, send: Send, status: int, payload: dict[str, Any]) -> None:
-        await self._send_whole(send, status, json.dumps(payload).encode(), "application/json", {})
+        await self._send_whole(send, status, dumps(payload), "application/json", {})
 
     # -- the record -----------------------------------------------------------------------------------------------
 
@@ -315,63 +326,24 @@ class ProxyCall(Response):
         self.recorded = True
         record = self._record()
         if not self.services.durable_before_reply:
-            self.services.writer.submit(record)
+            self.services.writer.submit(record, self.secrets)
             return
         # If the store fails, the agent still gets its answer; the writer has logged why.
         with contextlib.suppress(Exception):
-            await self.services.writer.write(record)
+            await self.services.writer.write(record, self.secrets, alone=self.services.state.in_flight == 1)
 
     def _record(self) -> CallRecord:
-        ex = self.exchange
-        if ex.stream:
-            ex.collect()
-        out = ex.outcome
-        if out.error and not self.error:
-            self.error = f"upstream_error_event: {out.error}"
-        usage = out.usage
-        free = upstream_is_free(ex.route.upstream)
-        if usage.input_tokens is None and self.status is not None and self.status >= 400:
-            cost: float | None = 0.0  # a refused call is not billed
-        else:
-            cost = self.services.prices.cost([ex.route.model, out.upstream_model], usage, free=free)
-        record = CallRecord(
+        end = Ending(
             call_id=self.call_id,
             rollout_id=self.rollout_id,
-            api=ex.api,
-            upstream=ex.route.upstream.name,
             request_model=self.request_model,
-            model=ex.route.model,
-            request=ex.request_record,
-            response=out.response if out.response is not None else self.failure_body,
-            stream=ex.stream,
-            status_code=self.status,
-            error=self.error,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cached_tokens=usage.cached_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
-            cost_usd=cost,
+            knobs_applied=self.knobs_applied,
             started_at=self.started_at,
-            ended_at=time.time(),
-            latency_s=time.perf_counter() - self.t0,
+            t0=self.t0,
+            status=self.status,
+            error=self.error,
+            failure_body=self.failure_body,
             ttft_s=self.ttft_s,
-            prompt_token_ids=out.prompt_token_ids,
-            completion_token_ids=out.completion_token_ids,
-            logprobs=out.logprobs,
-            model_version=out.model_version or self.services.state.model_version,
-            knobs_applied={**self.knobs_applied, **ex.knobs_applied},
+            model_version=self.services.state.model_version,
         )
-        return _redact(record, self.secrets)
-
-
-def _redact(record: CallRecord, secrets: tuple[str, ...]) -> CallRecord:
-    """Belt and braces: a key or token the agent echoed into its request body never reaches the store."""
-    if not secrets:
-        return record
-    text = json.dumps([record.request, record.response, record.error])
-    if not any(s in text for s in secrets):
-        return record
-    for secret in secrets:
-        text = text.replace(json.dumps(secret)[1:-1], "[redacted]")
-    request, response, error = json.loads(text)
-    return record.model_copy(update={"request": request, "response": response, "error": error})
+        return build_record(self.exchange, end, self.services.prices)

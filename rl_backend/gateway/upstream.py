@@ -1,35 +1,29 @@
-"""The gateway's side of upstream HTTP: one pooled httpx client, timeouts, and retries before the agent sees a byte.
+"""The gateway's side of upstream HTTP: pooled keep-alive connections, timeouts, and retries before the agent sees
+a byte.
 
-`open()` returns an upstream response whose headers have arrived and whose body is still unread, so a stream can be
-passed on as it comes. Connect failures, 408/409/429 and 5xx are retried with capped, jittered exponential backoff
-(honouring Retry-After); once `open()` has returned, nothing is retried, because bytes may reach the agent.
+`open()` returns an upstream response whose head has arrived and whose body is still unread, so a stream can be
+passed on as it comes. Connect failures, a connection that closed before answering, 408/409/429 and 5xx are
+retried with capped, jittered exponential backoff (honouring Retry-After); once `open()` has returned, nothing is
+retried, because bytes may reach the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
-import itertools
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-import anyio
-import httpx
-
+from rl_backend.gateway.h1client import H1Pool, HTTPError, ReadTimeout, Response
 from rl_backend.gateway.routing import Route
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, *range(500, 600)})
-# Errors that mean the request never reached a server that answered it: safe to try again.
-_CONNECT_ERRORS = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.RemoteProtocolError,  # typically a pooled keep-alive socket the server had closed
-    httpx.ReadError,
-    httpx.WriteError,
-)
+# Before the response head, any failure (no connection, closed unanswered, bad HTTP) means no server answered this
+# request properly: safe to try again, on the next replica if this one cannot be reached. (A read timeout is not.)
+_CONNECT_ERRORS = (HTTPError,)
 
 
 @dataclass(frozen=True)
@@ -58,19 +52,21 @@ class UpstreamUnavailable(Exception):
 
 @dataclass
 class Opened:
-    response: httpx.Response
+    response: Response
     attempts: int
     url: str
 
 
-def retry_after_s(response: httpx.Response) -> float | None:
-    ms = response.headers.get("retry-after-ms")
+def retry_after_s(response: Any) -> float | None:
+    """Seconds the upstream asked us to wait (Retry-After-Ms, or Retry-After in seconds or as a date)."""
+    headers: Mapping[str, str] = response.headers
+    ms = headers.get("retry-after-ms")
     if ms:
         try:
             return max(float(ms) / 1000.0, 0.0)
         except ValueError:
             pass
-    value = response.headers.get("retry-after")
+    value = headers.get("retry-after")
     if not value:
         return None
     try:
@@ -84,66 +80,55 @@ def retry_after_s(response: httpx.Response) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
-async def close_quietly(response: httpx.Response) -> None:
-    """Close an upstream response even from a cancelled task (the agent went away): cancels the upstream work."""
-    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-        await response.aclose()
+def close_quietly(response: Response) -> None:
+    """Close an upstream response; one not read to its end closes its connection, which cancels the upstream work."""
+    response.close()
 
 
 class UpstreamClient:
-    """Pooled upstream connections shared by all calls.
+    """Pooled upstream connections shared by all calls (created in the serving loop, which owns them)."""
 
-    The pool is split over a few httpx clients, used in turn: httpcore scans its whole pool at every request start
-    and end, so one pool of N busy connections costs O(N^2) per request wave; shards keep N small.
-    """
-
-    def __init__(self, retry: RetryPolicy | None = None, *, max_connections: int = 1024, shards: int = 8) -> None:
+    def __init__(self, retry: RetryPolicy | None = None, *, keepalive_s: float = 5.0) -> None:
         self.retry = retry or RetryPolicy()
-        self._max_connections = max_connections
-        self._shards = max(1, shards)
-        self._clients: list[httpx.AsyncClient] = []
-        self._turn = itertools.count()
+        self._keepalive_s = keepalive_s
+        self._pool: H1Pool | None = None
 
     async def start(self) -> None:
-        # Created inside the serving loop: an httpx client's pool is bound to the loop it first runs in.
-        if not self._clients:
-            per_shard = max(1, self._max_connections // self._shards)
-            tls = httpx.create_ssl_context()  # loading CA certificates takes ~0.1 s: once, for all shards
-            self._clients = [
-                httpx.AsyncClient(
-                    verify=tls,
-                    limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
-                    follow_redirects=False,
-                    trust_env=False,  # an HTTP(S)_PROXY meant for the agent must not capture loopback upstreams
-                )
-                for _ in range(self._shards)
-            ]
+        if self._pool is None:
+            self._pool = H1Pool(keepalive_s=self._keepalive_s)
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, []
-        for client in clients:
-            await client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        if not self._clients:
+    def connections_opened(self) -> int:
+        return self._pool.opened if self._pool is not None else 0
+
+    @property
+    def pool(self) -> H1Pool:
+        if self._pool is None:
             raise RuntimeError("the gateway's upstream client is not started (is the app running under a server?)")
-        return self._clients[next(self._turn) % len(self._clients)]
+        return self._pool
 
     async def open(self, route: Route, path: str, body: bytes, headers: dict[str, str]) -> Opened:
         upstream = route.upstream
         urls = upstream.base_urls
-        timeout = httpx.Timeout(upstream.timeout_s, connect=min(self.retry.connect_timeout_s, upstream.timeout_s))
+        connect_timeout = min(self.retry.connect_timeout_s, upstream.timeout_s)
         connect_failures = 0
         attempt = 0
+        pool = self.pool
         while True:
             attempt += 1
             # Stay on the rollout's replica; move to the next only when this one cannot be reached at all.
             url = urls[(route.replica + connect_failures) % len(urls)].rstrip("/") + path
-            client = self.client
-            request = client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
             try:
-                response = await client.send(request, stream=True)
+                response = await pool.post(url, headers, body, timeout=upstream.timeout_s, connect_timeout=connect_timeout)
+            except ReadTimeout as exc:
+                raise UpstreamUnavailable(
+                    504, f"upstream {upstream.name!r} did not answer within {upstream.timeout_s:g} s ({url})"
+                ) from exc
             except _CONNECT_ERRORS as exc:
                 connect_failures += 1
                 if attempt >= self.retry.max_attempts:
@@ -154,10 +139,6 @@ class UpstreamClient:
                     ) from exc
                 await asyncio.sleep(self.retry.backoff(attempt))
                 continue
-            except httpx.TimeoutException as exc:
-                raise UpstreamUnavailable(
-                    504, f"upstream {upstream.name!r} did not answer within {upstream.timeout_s:g} s ({url})"
-                ) from exc
             if response.status_code in RETRYABLE_STATUS and attempt < self.retry.max_attempts:
                 delay = retry_after_s(response)
                 if delay is None:
@@ -165,11 +146,11 @@ class UpstreamClient:
                 elif delay > self.retry.retry_after_cap_s:
                     return Opened(response, attempt, url)
                 try:
-                    await response.aread()  # read the small error body so the connection returns to the pool
-                except httpx.HTTPError:
-                    pass
+                    await response.aread()  # read the small error body so the connection can be reused
+                except HTTPError:
+                    pass  # then close_quietly closes the connection instead
                 finally:
-                    await close_quietly(response)
+                    close_quietly(response)
                 await asyncio.sleep(delay)
                 continue
             return Opened(response, attempt, url)

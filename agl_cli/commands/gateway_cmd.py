@@ -1,0 +1,361 @@
+"""`agl gateway`: the model gateway as a process of its own (`serve`), and its recorded calls out (`export`).
+
+`serve` is for controllers and trainers in other processes or pods: they register rollouts over HTTP
+(`POST /admin/rollouts`, admin token) and hand each agent its base URLs and token.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from agl_cli.cli_support import handle_errors
+
+if TYPE_CHECKING:
+    from rl_backend.gateway.config import ResolvedUpstream, UpstreamSpec
+
+app = typer.Typer(
+    name="gateway",
+    help="The model gateway on its own: serve it, export what it recorded.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ADMIN_TOKEN_ENV = "AGL_GATEWAY_ADMIN_TOKEN"
+_KINDS = ("openai", "anthropic", "openai-compatible", "embedded")
+
+
+class ExportFormat(str, Enum):
+    jsonl = "jsonl"
+    otlp = "otlp"
+
+
+# -- upstreams -------------------------------------------------------------------------------------------------------
+
+
+def parse_upstream_flag(text: str) -> tuple[str, UpstreamSpec]:
+    """`name=kind[:url[,url…]]`; for `embedded` the part after the colon is the model (`local=embedded:smollm2-…`)."""
+    from pydantic import ValidationError
+
+    from agl_cli.errors import UsageError
+    from rl_backend.gateway.config import UpstreamSpec
+
+    name, sep, rest = text.partition("=")
+    kind, _, target = rest.partition(":")
+    if not sep or not name or kind not in _KINDS:
+        raise UsageError(
+            f"--upstream {text!r}: write name=kind:url with kind one of {', '.join(_KINDS)}",
+            hint="e.g. --upstream vllm=openai-compatible:http://127.0.0.1:8000/v1 --upstream openai=openai",
+        )
+    fields: dict[str, Any] = {"kind": kind}
+    if kind == "embedded":
+        fields["model"] = target or None
+    elif target:
+        urls = [u for u in target.split(",") if u]
+        fields["base_urls" if len(urls) > 1 else "base_url"] = urls if len(urls) > 1 else urls[0]
+    try:
+        return name, UpstreamSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise UsageError(f"--upstream {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None]:
+    """`upstreams:` and `model:` of an agl.yaml; the rest of the file is not needed (nor checked) here."""
+    from pydantic import ValidationError
+
+    from agl_cli.errors import ConfigError
+    from agl_cli.yaml_source import YamlDocument
+    from rl_backend.gateway.config import UpstreamSpec
+
+    spec_path = path / "agl.yaml" if path.is_dir() else path
+    doc = YamlDocument.load(spec_path)
+    raw = doc.data.get("upstreams") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{spec_path}:{doc.line_of(('upstreams',))}: `upstreams` must be a mapping of name to upstream")
+    specs: dict[str, UpstreamSpec] = {}
+    for name, value in raw.items():
+        try:
+            specs[str(name)] = UpstreamSpec.model_validate(value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = doc.line_of(("upstreams", name, *err["loc"]))
+            raise ConfigError(f"{spec_path}:{where}: `upstreams.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
+    model = doc.data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"{spec_path}:{doc.line_of(('model',))}: `model` must be a string such as upstream/model")
+    return specs, model
+
+
+def resolve_upstreams(
+    specs: dict[str, UpstreamSpec], *, token_ids: set[str], key_envs: dict[str, str], log: Any
+) -> tuple[dict[str, ResolvedUpstream], list[Any]]:
+    """ResolvedUpstreams, and the embedded model servers started for them (the caller stops those)."""
+    from agl_cli.errors import ConfigError, UsageError
+    from rl_backend.gateway.config import ResolvedUpstream
+
+    unknown = (token_ids | set(key_envs)) - set(specs)
+    if unknown:
+        raise UsageError(f"--token-ids/--api-key-env name upstreams that do not exist: {', '.join(sorted(unknown))}")
+    resolved: dict[str, ResolvedUpstream] = {}
+    servers: list[Any] = []
+    for name, spec in specs.items():
+        if spec.kind not in _KINDS:
+            raise ConfigError(
+                f"upstream {name!r} is `kind: {spec.kind}`, which `agl gateway serve` does not start",
+                hint=f"serve it yourself and point an openai-compatible upstream at it; kinds: {', '.join(_KINDS)}",
+            )
+        if spec.kind == "embedded":
+            from rl_backend.serving.server import start_embedded_server
+
+            log(f"starting the embedded model server for {name!r} ({spec.model})")
+            server = start_embedded_server(model=str(spec.model))
+            servers.append(server)
+            resolved[name] = ResolvedUpstream(
+                name=name, api="openai", base_urls=[server.base_url + "/v1"], default_model=spec.model,
+                timeout_s=spec.timeout_s, returns_token_ids=True,
+            )
+            continue
+        env = key_envs.get(name) or spec.api_key_env or {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}.get(
+            spec.kind
+        )
+        key = os.environ.get(env) if env else None
+        if spec.kind in ("openai", "anthropic") and not key:
+            raise ConfigError(f"upstream {name!r} needs an API key in ${env}, which is not set",
+                              hint=f"export {env}=... (the gateway passes it to the upstream only; agents never see it)")
+        resolved[name] = ResolvedUpstream(
+            name=name, api="anthropic" if spec.kind == "anthropic" else "openai", base_urls=spec.urls(),
+            api_key=key, default_model=spec.model, timeout_s=spec.timeout_s, returns_token_ids=name in token_ids,
+        )
+    return resolved, servers
+
+
+def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    from agl_cli.errors import UsageError
+
+    result = {}
+    for value in values or []:
+        name, sep, other = value.partition("=")
+        if not sep or not name or not other:
+            raise UsageError(f"{flag} {value!r}: write NAME=VALUE")
+        result[name] = other
+    return result
+
+
+# -- serve -----------------------------------------------------------------------------------------------------------
+
+
+@app.command("serve")
+@handle_errors
+def serve_command(
+    config: Annotated[Optional[Path], typer.Argument(help="agl.yaml (or its folder): serve its `upstreams` and `model`.")] = None,  # noqa: UP045,E501
+    upstream: Annotated[Optional[list[str]], typer.Option("--upstream", "-u", help="name=kind:url[,url…] (kinds: openai, anthropic, openai-compatible, embedded); repeat.")] = None,  # noqa: UP045,E501
+    model: Annotated[Optional[str], typer.Option(help="Default upstream/model for names that match no upstream.")] = None,  # noqa: UP045
+    token_ids: Annotated[Optional[list[str]], typer.Option("--token-ids", help="Upstream NAME is vLLM-like: ask it for token ids and logprobs (embedded ones always are); repeat.")] = None,  # noqa: UP045,E501
+    api_key_env: Annotated[Optional[list[str]], typer.Option("--api-key-env", help="NAME=ENV: upstream NAME's key is in $ENV; repeat.")] = None,  # noqa: UP045,E501
+    host: Annotated[Optional[str], typer.Option(help="Interface to bind (default 127.0.0.1; beyond loopback needs an admin token).")] = None,  # noqa: UP045,E501
+    port: Annotated[int, typer.Option(help="Port to bind (0: any free port; --json prints it).")] = 8090,
+    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Serve pods: bind 0.0.0.0; an admin token is required.")] = False,  # noqa: E501
+    admin_token: Annotated[Optional[str], typer.Option(envvar=ADMIN_TOKEN_ENV, show_envvar=True, help="Bearer token for /admin/* (pause, resume, rollouts). Prefer the environment variable.")] = None,  # noqa: UP045,E501
+    store: Annotated[Optional[Path], typer.Option(help="The SQLite store calls are recorded in (default .agl/gateway/store.sqlite).")] = None,  # noqa: UP045,E501
+    json_output: Annotated[bool, typer.Option("--json", help="When ready, print one JSON document (URL, store, …) on stdout.")] = False,  # noqa: E501
+) -> None:
+    """Serve the gateway on its own until stopped (Ctrl-C or SIGTERM finish the calls in flight first)."""
+    import secrets
+
+    from agl_cli.console import print_json, stderr_console
+    from agl_cli.errors import UsageError
+    from agl_cli.rundir import runs_root
+    from rl_backend.gateway.app import is_loopback_host
+
+    console = stderr_console()
+    if port < 0 or port > 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    if in_cluster and host not in (None, "0.0.0.0"):
+        raise UsageError("--in-cluster binds 0.0.0.0; leave out --host (or drop --in-cluster)")
+    bind = "0.0.0.0" if in_cluster else (host or "127.0.0.1")
+    generated = False
+    if not admin_token:
+        if in_cluster or not is_loopback_host(bind):
+            raise UsageError(
+                f"refusing to serve the gateway on {bind} without an admin token: anyone who can reach it could "
+                "register rollouts and pause it",
+                hint=f"export {ADMIN_TOKEN_ENV}=$(openssl rand -hex 24), or pass --admin-token",
+            )
+        admin_token, generated = secrets.token_urlsafe(24), True  # loopback: a fresh one, shown once below
+    specs: dict[str, UpstreamSpec] = {}
+    default_model = None
+    if config is not None or (not upstream and Path("agl.yaml").is_file()):
+        specs, default_model = upstreams_from_yaml(config or Path("agl.yaml"))
+    for flag in upstream or []:
+        name, spec = parse_upstream_flag(flag)
+        specs[name] = spec
+    if not specs:
+        raise UsageError("no upstreams: give an agl.yaml with `upstreams:`, or --upstream name=kind:url")
+    default_model = model or default_model
+    if default_model is None and len(specs) == 1:
+        only_name, only = next(iter(specs.items()))
+        default_model = f"{only_name}/{only.model}" if only.model else only_name
+    store_path = store or runs_root(None).parent / "gateway" / "store.sqlite"
+    resolved, model_servers = resolve_upstreams(
+        specs, token_ids=set(token_ids or []), key_envs=_pairs(api_key_env, "--api-key-env"), log=console.print
+    )
+    try:
+        ready: dict[str, Any] = {"store": str(store_path.resolve()), "upstreams": sorted(resolved),
+                                 "default_model": default_model, "pid": os.getpid()}
+        if generated:
+            ready["admin_token"] = admin_token
+
+        def announce(url: str) -> None:
+            ready["url"] = url
+            if json_output:
+                print_json(ready)
+            else:
+                console.print(f"gateway listening on {url} (store {ready['store']})")
+                if generated:
+                    console.print(f"admin token (generated; set {ADMIN_TOKEN_ENV} to choose one): {admin_token}")
+
+        summary = _serve(resolved, store_path, default_model, admin_token, bind, port, announce)
+    finally:
+        for server in model_servers:
+            server.stop()
+    console.print(f"gateway stopped: {summary['calls_recorded']} calls recorded in {store_path}")
+
+
+def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_model: str | None, admin_token: str,
+           host: str, port: int, announce: Any) -> dict[str, Any]:
+    """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM."""
+    import logging
+    import signal
+
+    import uvicorn
+
+    from agl_cli.errors import ConfigError
+    from rl_backend.gateway.app import Gateway
+    from rl_backend.store.db import RunStore
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    store = RunStore(store_path)
+    try:
+        try:
+            gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        from rl_backend.gateway.serverproto import CoalescingHttpToolsProtocol
+
+        config = uvicorn.Config(
+            gateway.app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+            timeout_graceful_shutdown=10, timeout_keep_alive=30, backlog=4096,
+            http=CoalescingHttpToolsProtocol,  # a response's head and body leave in one write
+            proxy_headers=False,  # nothing here reads the client address: skip that middleware
+        )
+        try:
+            sock = config.bind_socket()
+        except (OSError, SystemExit) as exc:
+            raise ConfigError(f"cannot bind {host}:{port}: {exc}") from None
+        shown = f"[{host}]" if ":" in host else host
+        gateway.base_url = f"http://{shown}:{sock.getsockname()[1]}"
+
+        class _Server(uvicorn.Server):
+            async def startup(self, sockets: list[Any] | None = None) -> None:
+                await super().startup(sockets)
+                if self.started:
+                    announce(gateway.base_url)
+
+        # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the handlers it found: make those
+        # no-ops, so this process closes its store and exits normally instead of dying there.
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _Server(config).run(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return gateway.state_dict()
+    finally:
+        store.close()
+
+
+# -- export ----------------------------------------------------------------------------------------------------------
+
+
+def open_store_of(reference: str, runs_dir: Path | None) -> Path:
+    """A store file, a run folder, or a run id (prefix, `latest`) -> the store's path."""
+    from agl_cli.errors import UsageError
+    from agl_cli.rundir import STORE, find_run
+
+    path = Path(reference)
+    if path.is_file():
+        return path
+    if path.is_dir() and (path / STORE).is_file():
+        return path / STORE
+    store_path = find_run(reference, runs_dir).store_path
+    if not store_path.is_file():
+        raise UsageError(f"run {reference!r} has no {STORE}")
+    return store_path
+
+
+@app.command("export")
+@handle_errors
+def export_command(
+    run_or_store: Annotated[str, typer.Argument(help="A run id (or prefix, or `latest`), a run folder, or a store.sqlite file.")],  # noqa: E501
+    format_: Annotated[ExportFormat, typer.Option("--format", help="jsonl: one CallRecord per line; otlp: OpenTelemetry GenAI spans (OTLP/JSON lines).")] = ExportFormat.jsonl,  # noqa: E501
+    out: Annotated[Optional[Path], typer.Option(help="Write here instead of stdout.")] = None,  # noqa: UP045
+    endpoint: Annotated[Optional[str], typer.Option(help="With --format otlp: send the spans to this OTLP/HTTP endpoint instead (needs agl[otel]).")] = None,  # noqa: UP045,E501
+    rollout: Annotated[Optional[str], typer.Option(help="Only this rollout's calls.")] = None,  # noqa: UP045
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live.")] = None,  # noqa: UP045
+) -> None:
+    """Export the recorded model calls of a run (or of a gateway's store)."""
+    import json
+    import sys
+
+    from agl_cli.console import stderr_console
+    from agl_cli.errors import UsageError
+    from rl_backend.gateway import export
+    from rl_backend.store.db import RunStore
+
+    if endpoint is not None and (format_ is not ExportFormat.otlp or out is not None):
+        raise UsageError("--endpoint sends OTLP spans: use it with --format otlp and without --out")
+    if endpoint is not None and not export.otlp_exporter_available():
+        raise UsageError("sending to an OTLP endpoint needs the OpenTelemetry exporter",
+                         hint="pip install 'agl[otel]' (or opentelemetry-exporter-otlp-proto-http), or write a file with --out")
+    store = RunStore(open_store_of(run_or_store, runs_dir))
+    try:
+        records = store.calls(rollout)
+    finally:
+        store.close()
+    console = stderr_console()
+    if endpoint is not None:
+        try:
+            sent = export.send_otlp(records, endpoint, version=_version())
+        except RuntimeError as exc:
+            from agl_cli.errors import AglError
+
+            raise AglError(str(exc)) from None
+        console.print(f"sent {sent} spans to {endpoint}")
+        return
+    if format_ is ExportFormat.jsonl:
+        lines: Any = export.jsonl_lines(records)
+    else:
+        lines = (json.dumps(doc, separators=(",", ":")) + "\n" for doc in export.otlp_requests(records, version=_version()))
+    if out is None:
+        sys.stdout.writelines(lines)
+        sys.stdout.flush()
+    else:
+        tmp = out.with_name(out.name + ".tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.writelines(lines)
+        tmp.replace(out)
+    console.print(f"exported {len(records)} calls" + (f" to {out}" if out else ""))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agl")
+    except PackageNotFoundError:
+        return ""

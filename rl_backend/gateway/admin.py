@@ -1,0 +1,145 @@
+"""The gateway's admin HTTP endpoints, for a trainer or controller in another process (behind the admin token).
+
+- `POST /admin/pause` {drain_timeout_s?}: new calls get 429 + Retry-After; waits up to the timeout for calls in
+  flight to finish and says whether they did (`drained`).
+- `POST /admin/resume` {model_version?}: calls flow again; later records carry the new model version.
+- `GET /admin/state`: paused, in flight, calls started and recorded, rollouts registered.
+- `POST /admin/rollouts` {rollout_id, knobs?} -> {token, openai_base_url, anthropic_base_url, reward_url}: admit a
+  rollout (idempotent: the same id with the same knobs gets the same token back; other knobs are a 409).
+- `DELETE /admin/rollouts/<rid>`: the rollout's token stops working (its calls already in flight finish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rl_backend.gateway.errors import GatewayError, error_response, json_response
+from rl_backend.gateway.exchange import check_optional
+from rl_backend.gateway.httpio import presented_token, read_json_object
+from rl_backend.gateway.knobs import validate_knobs
+
+if TYPE_CHECKING:
+    from rl_backend.gateway.app import Gateway
+
+
+class AdminAPI:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/admin/pause", self.pause, methods=["POST"]),
+            Route("/admin/resume", self.resume, methods=["POST"]),
+            Route("/admin/state", self.state, methods=["GET"]),
+            Route("/admin/rollouts", self.register, methods=["POST"]),
+            Route("/admin/rollouts/{rid}", self.unregister, methods=["DELETE"]),
+        ]
+
+    def _guard(self, request: Request) -> None:
+        admin_token = self.gateway.admin_token
+        if admin_token is None:
+            raise GatewayError(403, "admin endpoints are off: this gateway was started without an admin token")
+        token = presented_token(request)
+        if token is None or not hmac.compare_digest(token.encode(), admin_token.encode()):
+            raise GatewayError(401, "admin endpoints need `Authorization: Bearer <admin token>`")
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        if request.headers.get("content-length") in (None, "0") and "transfer-encoding" not in request.headers:
+            return {}
+        return await read_json_object(request, 2**16)
+
+    async def pause(self, request: Request) -> Response:
+        gw = self.gateway
+        try:
+            self._guard(request)
+            body = await self._body(request)
+            check_optional(body, "drain_timeout_s", "number")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        gw.pause()
+        drained = gw.state.in_flight == 0
+        timeout = body.get("drain_timeout_s")
+        if timeout:
+            with anyio.move_on_after(float(timeout)):
+                while gw.state.in_flight > 0:
+                    await asyncio.sleep(0.005)
+            drained = gw.state.in_flight == 0
+        return json_response(200, {**gw.state_dict(), "drained": drained})
+
+    async def resume(self, request: Request) -> Response:
+        try:
+            self._guard(request)
+            body = await self._body(request)
+            check_optional(body, "model_version", "string")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        self.gateway.resume(body.get("model_version"))
+        return json_response(200, self.gateway.state_dict())
+
+    async def state(self, request: Request) -> Response:
+        try:
+            self._guard(request)
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        return json_response(200, self.gateway.state_dict())
+
+    async def register(self, request: Request) -> Response:
+        gw = self.gateway
+        try:
+            self._guard(request)
+            body = await self._body(request)
+            rollout_id = body.get("rollout_id")
+            if not isinstance(rollout_id, str) or not rollout_id:
+                raise GatewayError(400, "`rollout_id` must be a non-empty string", param="rollout_id")
+            check_optional(body, "knobs", "object")
+            knobs = body.get("knobs") or {}
+            existing = gw.rollout_entry(rollout_id)
+            if existing is not None:
+                # A controller that retries after a lost answer gets the same token; different knobs are a bug.
+                try:
+                    same = validate_knobs(knobs) == existing.knobs
+                except ValueError:
+                    same = False
+                if not same:
+                    raise GatewayError(
+                        409, f"rollout {rollout_id!r} is already registered with other knobs; DELETE it first",
+                        code="rollout_exists",
+                    )
+                token, status = existing.token, 200
+            else:
+                try:
+                    token = gw.register_rollout(rollout_id, knobs)
+                except ValueError as exc:
+                    raise GatewayError(400, str(exc), param="knobs") from None
+                status = 201
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        base = str(request.base_url).rstrip("/") + f"/rollouts/{rollout_id}"
+        return json_response(
+            status,
+            {
+                "rollout_id": rollout_id,
+                "token": token,
+                "openai_base_url": f"{base}/openai/v1",
+                "anthropic_base_url": f"{base}/anthropic",
+                "reward_url": f"{base}/reward",
+            },
+        )
+
+    async def unregister(self, request: Request) -> Response:
+        rollout_id = request.path_params["rid"]
+        try:
+            self._guard(request)
+            if self.gateway.rollout_entry(rollout_id) is None:
+                raise GatewayError(404, f"rollout {rollout_id!r} is not registered", code="rollout_not_found")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        self.gateway.unregister_rollout(rollout_id)
+        return json_response(200, {"ok": True, "rollout_id": rollout_id})
