@@ -71,6 +71,7 @@ class EvalRunner:
         controller: RolloutController,
         *,
         on_event: Callable[[str, Rollout], None] | None = None,
+        gateway_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.spec = spec
         self.run_dir = run
@@ -78,6 +79,8 @@ class EvalRunner:
         self.stack = stack
         self.controller = controller
         self.on_event = on_event or (lambda kind, rollout: None)
+        # Request settings forced on every call of these rollouts, over the variant's (training samples at T=1).
+        self.gateway_overrides = dict(gateway_overrides or {})
         self.base_env = self._base_env()
         self.grader = Grader(spec, store, self.base_env)
         self.stopped_for_budget = False
@@ -196,6 +199,7 @@ class EvalRunner:
             seed=item.seed, attempt=attempt, status=RolloutStatus.running, started_at=time.time(),
         )
         knob_env, gateway_knobs = self._knob_settings(item.variant, folder)
+        gateway_knobs.update(self.gateway_overrides)
         env = dict(self.base_env)
         env.update(self.spec.agent.env)
         env.update(knob_env)

@@ -16,6 +16,8 @@ from agl_cli.commands import (
     runs_cmd,
     serve_cmd,
     skill_cmd,
+    train_cmd,
+    train_k8s,
 )
 
 app = typer.Typer(
@@ -36,6 +38,18 @@ app.command("serve")(serve_cmd.serve_command)
 app.command("advise")(advise_cmd.advise_command)
 app.add_typer(skill_cmd.app, name="skill")
 app.add_typer(gateway_cmd.app, name="gateway")
+
+train_app = typer.Typer(
+    cls=train_k8s.TrainGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Train the model's weights through the unchanged agent: agl train CONFIG [--on kubernetes]; "
+    "agl train status|stop NAME (cluster runs). Flags: agl train CONFIG --help.",
+)
+train_app.command("run", hidden=True)(train_cmd.train_command)
+train_k8s.register(train_app)
+app.add_typer(train_app, name="train")
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agl_cli.errors import ConfigError
@@ -24,6 +24,8 @@ class Stack:
     gateway: Gateway | None
     gateway_url: str | None
     upstreams: dict[str, ResolvedUpstream]
+    # The in-process model servers of `kind: embedded` upstreams, by upstream name: training swaps their weights.
+    embedded: dict[str, Any] = field(default_factory=dict)
 
 
 def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
@@ -43,6 +45,7 @@ def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
 def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> Iterator[Stack]:
     with contextlib.ExitStack() as exits:
         resolved: dict[str, ResolvedUpstream] = {}
+        embedded: dict[str, Any] = {}
         for name, upstream in spec.upstreams.items():
             if upstream.kind == "embedded":
                 from rl_backend.serving.server import start_embedded_server
@@ -51,6 +54,7 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                     log(f"starting the embedded model server for {name!r} ({upstream.model})")
                 model_server = start_embedded_server(model=str(upstream.model))
                 exits.callback(model_server.stop)
+                embedded[name] = model_server
                 resolved[name] = ResolvedUpstream(
                     name=name, api="openai", base_urls=[model_server.base_url + "/v1"],
                     default_model=upstream.model, timeout_s=upstream.timeout_s, returns_token_ids=True,
@@ -67,7 +71,7 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                 )
         if not resolved and not spec.grader.reported:
             # The agent calls no model through agl (or uses its own keys) and reports no reward: no gateway.
-            yield Stack(gateway=None, gateway_url=None, upstreams={})
+            yield Stack(gateway=None, gateway_url=None, upstreams={}, embedded=embedded)
             return
         from rl_backend.gateway import Gateway, start_gateway
 
@@ -81,4 +85,4 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                           admin_token=secrets.token_urlsafe(32) if listen else None)
         gateway_server = start_gateway(gateway, *listen) if listen else start_gateway(gateway)
         exits.callback(gateway_server.stop)
-        yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved)
+        yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved, embedded=embedded)

@@ -1,0 +1,154 @@
+"""`agl train`: train the served model's weights through the unchanged agent, then judge it on held-out tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agl_cli.cli_support import handle_errors
+
+if TYPE_CHECKING:
+    from agl_cli.rundir import RunDir
+    from agl_cli.training import TrainOptions
+
+
+def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tuple[Any, RunDir]:
+    from agl_cli.optimize.cache import agent_version
+    from agl_cli.rundir import RunDir, git_sha, runs_root
+    from agl_cli.spec import load_spec
+
+    spec = load_spec(config)
+    spec_path = config / "agl.yaml" if config.is_dir() else config
+    run = RunDir.create(
+        runs_root(runs_dir),
+        spec_data=spec.model_dump(mode="json", exclude_none=True),
+        manifest={
+            "kind": "train", "spec_path": str(spec_path.resolve()), "spec_name": spec.name,
+            "git_sha": git_sha(spec.base_dir), "agent_version": agent_version(spec), "options": options.as_dict(),
+            "split": options.heldout_split, "status": "running",
+        },
+    )
+    return spec, run
+
+
+def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOptions]:
+    from agl_cli.errors import UsageError
+    from agl_cli.rundir import find_run
+    from agl_cli.spec import load_spec
+    from agl_cli.training import TrainOptions
+
+    run = find_run(reference, runs_dir)
+    manifest = run.manifest()
+    if manifest.get("kind") != "train":
+        raise UsageError(f"run {run.run_id} is a {manifest.get('kind')} run, not a training run")
+    return load_spec(Path(manifest["spec_path"])), run, TrainOptions(**manifest["options"])
+
+
+def _before_after(run: RunDir) -> dict[str, Any] | None:
+    from agl_cli.commands.compare_cmd import compare_sides, load_side, sentence
+
+    try:
+        before = load_side(f"{run.run_id}:before", run, "before", None)
+        after = load_side(f"{run.run_id}:after", run, "after", None)
+    except Exception:  # noqa: BLE001 - no held-out rollouts finished: nothing to judge, said by the caller
+        return None
+    doc = compare_sides(before, [after])[0]
+    doc["sentence"] = sentence("trained vs base", doc)
+    return doc
+
+
+@handle_errors
+def train_command(
+    config: Annotated[Path | None, typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,
+    steps: Annotated[int, typer.Option(help="Policy updates to make.")] = 8,
+    tasks_per_step: Annotated[int, typer.Option(help="Training tasks per update.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Rollouts per task per update (the GRPO group).")] = 4,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts.")] = 1.0,
+    lora: Annotated[bool, typer.Option(help="Train a LoRA adapter instead of all weights.")] = False,
+    loss_agg: Annotated[
+        str, typer.Option(help="rollout (per-rollout normalization), token-mean or seq-mean-token-mean.")
+    ] = "rollout",
+    kl_coef: Annotated[float, typer.Option(help="Weight of the KL penalty to the starting model.")] = 0.0,
+    train_split: Annotated[str, typer.Option(help="The split trained on.")] = "train",
+    heldout_split: Annotated[str, typer.Option(help="The split judged on, before and after.")] = "val",
+    heldout_limit: Annotated[int, typer.Option(help="Held-out tasks evaluated before and after.")] = 40,
+    loop: Annotated[str, typer.Option(help="sync: collect a batch, update, serve the new weights.")] = "sync",
+    resume: Annotated[str | None, typer.Option(help="Continue this training run from its last checkpoint.")] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="Where runs live.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Train the model the agent calls (GRPO on exact token ids through the gateway), then compare it with the base."""
+    from agl_cli.console import print_json, stderr_console, stdout_console
+    from agl_cli.errors import UsageError
+    from agl_cli.tasks import load_tasks, select_tasks
+    from agl_cli.training import TRAINED_DIR, Trainer, TrainOptions
+
+    console = stderr_console()
+    if loop != "sync":
+        raise UsageError(f"--loop {loop}: only `sync` is available in this version")
+    if resume is not None:
+        if config is not None:
+            raise UsageError("--resume RUN takes no spec: the run has it")
+        spec, run, options = _resume(resume, runs_dir)
+    else:
+        if config is None:
+            raise UsageError("give the experiment spec: agl train path/to/agl.yaml (or --resume RUN)")
+        for name, value in (("--steps", steps), ("--tasks-per-step", tasks_per_step), ("--group-size", group_size),
+                            ("--heldout-limit", heldout_limit)):
+            if value < 1:
+                raise UsageError(f"{name} must be at least 1, got {value}")
+        if group_size < 2:
+            raise UsageError("--group-size must be at least 2: a group of one rollout has no advantage to learn from")
+        options = TrainOptions(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
+                               temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef,
+                               train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit)
+        if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
+            raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
+        spec, run = _new_run(config, options, runs_dir)
+    tasks = load_tasks(spec)
+    train_tasks = select_tasks(tasks, split=options.train_split, limit=None)
+    heldout = select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit)
+    console.print(f"training run {run.run_id}: {options.steps} updates × {options.tasks_per_step} tasks × "
+                  f"{options.group_size} rollouts; held-out {len(heldout)} {options.heldout_split} tasks")
+
+    def on_step(record: Any) -> None:
+        reward = "—" if record.reward_mean is None else f"{record.reward_mean:.2f}"
+        console.print(f"step {record.step}: reward {reward}, trained {record.trained_rollouts}/{record.rollouts} "
+                      f"rollouts, loss {record.loss if record.loss is not None else '—'}, "
+                      f"entropy {record.entropy if record.entropy is not None else '—'}"
+                      + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
+
+    trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
+    try:
+        outcome = trainer.run(on_step)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
+        raise typer.Exit(130) from None
+    comparison = _before_after(run)
+    manifest = run.manifest()
+    manifest["status"] = "completed"
+    run.write_manifest(manifest)
+    from agl_cli.commands.eval_cmd import _write_report
+
+    trained = outcome["trained_model"]
+    result = {
+        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
+        "trained_model": trained,
+        "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
+        if trained else None,
+        "report": _write_report(run),
+    }
+    if json_output:
+        print_json(result)
+        return
+    out = stdout_console()
+    out.print(comparison["sentence"] if comparison else "no held-out rollout finished: nothing to compare", markup=False)
+    if trained:
+        out.print(f"trained model: {trained}", markup=False)
+        out.print("use it as a value of the `model` knob:\n"
+                  f"  upstreams:\n    trained: {{kind: embedded, model: {trained}}}\n"
+                  f"  knobs:\n    model: {{values: [{spec.model or 'local/smollm2-135m-instruct'}, trained/{TRAINED_DIR}], "
+                  "via: gateway}", markup=False)

@@ -1,0 +1,180 @@
+"""`agl train` on one machine: reinforcement learning of the served model through the unchanged agent.
+
+Each iteration runs `group_size` rollouts of `tasks_per_step` training tasks through the same agent, grader and
+gateway as `agl eval` (sampling at the training temperature), builds trajectories from the recorded token ids,
+updates the policy (rl_backend.trainer), and swaps the new weights into the embedded server before the next batch
+(the `sync` loop). Before the first and after the last update, the held-out split is evaluated with the agent's
+own settings, so the run ends with a paired before/after comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_cli.controllers import make_controller, run_then_close
+from agl_cli.errors import ConfigError
+from agl_cli.evaluation import EvalRunner, PlannedRollout, make_plan
+from agl_cli.rundir import RunDir
+from agl_cli.spec import ExperimentSpec
+from agl_cli.stack import Stack, running_stack
+from agl_cli.tasks import Task
+from agl_cli.variants import Variant, baseline
+from rl_backend.store.db import RunStore
+
+TRAINED_DIR = "trained-model"
+
+
+@dataclass
+class TrainOptions:
+    steps: int = 8
+    tasks_per_step: int = 4
+    group_size: int = 4
+    lr: float = 1e-5
+    temperature: float = 1.0
+    lora: bool = False
+    loss_agg: str = "rollout"
+    kl_coef: float = 0.0
+    train_split: str = "train"
+    heldout_split: str = "val"
+    heldout_limit: int = 40
+    keep_checkpoints: int = 2
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def trained_upstream(spec: ExperimentSpec) -> str:
+    """The embedded upstream whose weights are trained: the one `model:` routes to, else the only one."""
+    embedded = [name for name, u in spec.upstreams.items() if u.kind == "embedded"]
+    if spec.model and "/" in spec.model and spec.model.split("/", 1)[0] in embedded:
+        return spec.model.split("/", 1)[0]
+    if len(embedded) == 1:
+        return embedded[0]
+    if not embedded:
+        raise ConfigError(
+            "agl train (the embedded torch backend) trains a model agl serves itself, and this spec has no "
+            "`kind: embedded` upstream",
+            hint="add  upstreams: {local: {kind: embedded, model: smollm2-135m-instruct}}  and  "
+            "model: local/smollm2-135m-instruct  (GPU clusters: agl train --on kubernetes)",
+        )
+    raise ConfigError(
+        f"several embedded upstreams ({', '.join(embedded)}): set `model:` to the one to train, e.g. {embedded[0]}/..."
+    )
+
+
+def phase_variants(spec: ExperimentSpec) -> tuple[Variant, Variant, Variant]:
+    """The baseline's settings under three names: held-out before training, training batches, held-out after."""
+    base = baseline(spec)
+    return (
+        Variant("before", base.settings, f"{base.hash}-before"),
+        Variant("train", base.settings, f"{base.hash}-train"),
+        Variant("after", base.settings, f"{base.hash}-after"),
+    )
+
+
+def training_batch(tasks: list[Task], variant: Variant, iteration: int, options: TrainOptions) -> list[PlannedRollout]:
+    """Iteration i: the next `tasks_per_step` tasks (cycling), each with `group_size` fresh seeds, so every
+    iteration's rollouts have keys of their own and a resumed run never mistakes them for finished ones."""
+    count = min(options.tasks_per_step, len(tasks))
+    start = (iteration * count) % len(tasks)
+    chosen = [tasks[(start + k) % len(tasks)] for k in range(count)]
+    seeds = range(iteration * options.group_size, (iteration + 1) * options.group_size)
+    return [PlannedRollout(variant, task, seed) for task in chosen for seed in seeds]
+
+
+def _latest_ids(store: RunStore, plan: list[PlannedRollout]) -> list[str]:
+    wanted = {item.key for item in plan}
+    return [r.id for r in store.rollouts(latest_only=True) if r.key in wanted]
+
+
+class Trainer:
+    """Owns one `agl train` run: the services, the trainer, the loop, the before/after evaluation."""
+
+    def __init__(self, spec: ExperimentSpec, run: RunDir, options: TrainOptions, train_tasks: list[Task],
+                 heldout: list[Task], *, log: Callable[[str], None]) -> None:
+        self.spec, self.run_dir, self.options = spec, run, options
+        self.train_tasks, self.heldout = train_tasks, heldout
+        self.log = log
+        self.upstream = trained_upstream(spec)
+
+    def _trainer(self, checkpoints: Path) -> Any:
+        from rl_backend.serving.model_store import resolve_model_dir
+        from rl_backend.trainer.loop import latest_checkpoint
+        from rl_backend.trainer.loss import LossConfig
+        from rl_backend.trainer.torch_backend import LoraSettings, TorchTrainer, TrainerConfig
+
+        config = TrainerConfig(
+            lr=self.options.lr,
+            loss=LossConfig(loss_agg=self.options.loss_agg, kl_coef=self.options.kl_coef),  # type: ignore[arg-type]
+            lora=LoraSettings() if self.options.lora else None,
+        )
+        resume_from = latest_checkpoint(checkpoints)
+        if resume_from is not None:
+            self.log(f"resuming from checkpoint {resume_from.name}")
+            return TorchTrainer.from_checkpoint(resume_from, config)
+        model = self.spec.upstreams[self.upstream].model
+        return TorchTrainer.from_pretrained(resolve_model_dir(str(model)), config)
+
+    def _evaluate(self, runner: EvalRunner, plan: list[PlannedRollout]) -> None:
+        asyncio.run(run_then_close(runner.controller, lambda: runner.run(plan)))
+
+    def run(self, on_step: Callable[[Any], None]) -> dict[str, Any]:
+        from rl_backend.trainer.curves import read_curve
+        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, latest_checkpoint
+
+        before, during, after = phase_variants(self.spec)
+        checkpoints = self.run_dir.path / "checkpoints"
+        store = self.run_dir.open_store()
+        for variant in (before, during, after):
+            store.upsert_variant(variant.name, variant.hash, variant.settings)
+        with running_stack(self.spec, store, log=self.log) as stack:
+            engine = stack.embedded[self.upstream].engine
+            evaluator = self._runner(stack, store, overrides=None)
+            self.log(f"held-out {self.options.heldout_split} split before training: {len(self.heldout)} tasks")
+            self._evaluate(evaluator, make_plan([before], self.heldout, 1))
+            trainer = self._trainer(checkpoints)
+            done = len(read_curve(store))
+            sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
+
+            def run_batch(i: int) -> list[str]:
+                plan = training_batch(self.train_tasks, during, done + i, self.options)
+                self._evaluate(sampler, plan)
+                return _latest_ids(store, plan)
+
+            loop = TrainingLoop(
+                store, trainer, run_batch, engine=engine, on_step=on_step,
+                config=LoopConfig(iterations=max(0, self.options.steps - done), checkpoint_dir=checkpoints,
+                                  keep_checkpoints=self.options.keep_checkpoints),
+            )
+            loop.run()
+            self.log(f"held-out {self.options.heldout_split} split after training")
+            self._evaluate(evaluator, make_plan([after], self.heldout, 1))
+        curve = read_curve(store)
+        store.close()
+        final = latest_checkpoint(checkpoints)
+        trained_dir = self.run_dir.path / TRAINED_DIR
+        if final is not None:
+            shutil.rmtree(trained_dir, ignore_errors=True)
+            shutil.copytree(final / "model", trained_dir)
+        self._write_metrics(curve)
+        return {"curve": [c.to_json() for c in curve], "trained_model": str(trained_dir) if final else None}
+
+    def _runner(self, stack: Stack, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
+        return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),
+                          gateway_overrides=overrides)
+
+    def _write_metrics(self, curve: list[Any]) -> None:
+        """The curves the report draws: one JSON object per step."""
+        lines = [
+            json.dumps({"step": c.step, "reward": c.reward_mean, "pass_rate": c.pass_rate, "entropy": c.entropy,
+                        "kl": c.kl, "tokens_per_s": c.tokens_per_s, "rollouts_per_min": c.rollouts_per_min,
+                        "staleness": c.staleness_mean, "updated": c.updated})
+            for c in curve
+        ]
+        (self.run_dir.path / "train_metrics.jsonl").write_text("".join(line + "\n" for line in lines))

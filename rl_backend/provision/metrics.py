@@ -1,0 +1,120 @@
+"""The trainer's step metrics, from its log: every line that is a JSON object with a `step` key is one row.
+
+The trainer prints them (one per step) among its other output; agl follows the log of the pod that carries the
+driver (the Job's pod, or a RayJob's submitter, which relays the driver's output) and prints each row as it comes:
+as a table row, or as one JSON object per line with `--json`. The log stream ends when the container does or the
+connection drops; agl reconnects until the trainer is over, skipping the lines it has already read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from rl_backend.provision.options import LABEL_COMPONENT, Names
+from rl_backend.provision.plan import Topology
+from rl_backend.provision.readiness import trainer_finished
+from rl_backend.provision.resources import Resources, fatal
+
+MAX_COLUMNS = 8
+COLUMN_WIDTH = 12
+
+
+def metric_row(line: str) -> dict[str, Any] | None:
+    """The row a log line carries, or None. Tolerates a prefix before the object (a logger's, or Ray's)."""
+    text = line.strip()
+    start = text.find("{")
+    if start < 0 or not text.endswith("}"):
+        return None
+    try:
+        value = json.loads(text[start:])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "step" in value else None
+
+
+def last_metrics(log_text: str) -> dict[str, Any] | None:
+    rows = [row for line in log_text.splitlines() if (row := metric_row(line)) is not None]
+    return rows[-1] if rows else None
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:.4g}" if math.isfinite(value) else str(value)
+    elif isinstance(value, (dict, list)):
+        text = json.dumps(value, separators=(",", ":"))
+    else:
+        text = str(value)
+    return text if len(text) <= COLUMN_WIDTH else text[: COLUMN_WIDTH - 1] + "…"
+
+
+@dataclass
+class MetricsPrinter:
+    """Rows to stdout: a header from the first row's keys (`step` first), then aligned rows; or JSON lines."""
+
+    out: Console
+    json_output: bool = False
+    columns: list[str] = field(default_factory=list)
+    last: dict[str, Any] | None = None
+    count: int = 0
+
+    def row(self, row: dict[str, Any]) -> None:
+        self.last, self.count = row, self.count + 1
+        if self.json_output:
+            self.out.print(json.dumps(row, default=str), markup=False, highlight=False, soft_wrap=True)
+            return
+        if not self.columns:
+            self.columns = ["step", *[k for k in row if k != "step"]][:MAX_COLUMNS]
+            self.out.print("  ".join(f"{c[:COLUMN_WIDTH]:>{COLUMN_WIDTH}}" for c in self.columns), markup=False,
+                           highlight=False)
+        cells = [_cell(row[c]) if c in row else "—" for c in self.columns]
+        self.out.print("  ".join(f"{c:>{COLUMN_WIDTH}}" for c in cells), markup=False, highlight=False)
+
+
+def log_source(res: Resources, names: Names, topology: Topology) -> tuple[str, str, int] | None:
+    """(pod, container, restarts) of the newest pod relaying the trainer's output, or None while there is none."""
+    component, container = ("trainer", "trainer") if topology.kind == "job" else ("trainer-driver", "ray-job-submitter")
+    pods = [p for p in res.objects("Pod", names.selector())
+            if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_COMPONENT) == component]
+    if not pods:
+        return None
+    pod = pods[-1]
+    restarts = sum(int(cs.get("restartCount") or 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+    return pod["metadata"]["name"], container, restarts
+
+
+def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPrinter, *, poll_s: float = 2.0,
+           sleep: Callable[[float], None] = time.sleep) -> tuple[str, str]:
+    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    kind = "Job" if topology.kind == "job" else "RayJob"
+    consumed: dict[tuple[str, int], int] = {}  # lines already read, per container instance
+    while True:
+        try:
+            trainer = res.read(kind, names.trainer)
+            if trainer is None:
+                return "failed", f"{kind} {names.trainer} was deleted"
+            source = log_source(res, names, topology)
+            if source is not None:
+                pod, container, restarts = source
+                seen = consumed.get((pod, restarts), 0)
+                for count, line in enumerate(res.follow_log(pod, container), start=1):
+                    if count > seen and (row := metric_row(line)) is not None:
+                        printer.row(row)
+                    consumed[(pod, restarts)] = max(seen, count)
+            finished = trainer_finished(res.read(kind, names.trainer) or {"kind": kind})
+            if finished is not None:
+                return finished
+        except (ApiException, HTTPError, OSError) as exc:
+            if fatal(exc):
+                raise
+            # a dropped stream or a blip of the API: read again after a pause
+        sleep(poll_s)

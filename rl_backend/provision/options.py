@@ -1,0 +1,164 @@
+"""What `agl train --on kubernetes` was asked to do, the train's object names and labels, and its one error type.
+
+Names derive from the train's name only (not from a random id): re-running a provision finds and patches the same
+objects, and `stop` or `status` find them again from nothing but the name and the namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_TRAIN = "agl.dev/train"
+# Set on every object a provision writes: a create retried after an ambiguous failure (a 500 whose object was
+# stored after all) finds its own object by this annotation and adopts it instead of treating it as someone else's.
+ANNOTATION_PROVISION = "agl.dev/provision-id"
+# On the trainer (whose pod template is immutable): a re-run with the same spec leaves it alone.
+ANNOTATION_SPEC_HASH = "agl.dev/spec-hash"
+DEFAULT_KEY_SECRET = "agl-upstream-keys"
+GATEWAY_PORT = 8090
+POLICY_PORT = 8000
+MAX_TRAIN_NAME = 30  # KubeRay derives cluster, pod and Service names from the RayJob's; those must stay <= 63
+GPUS_PER_NODE = 8
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+class ProvisionError(RuntimeError):
+    """A failure the user can act on: which object, and why. The CLI prints it (and the hint) without a traceback."""
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message, self.hint, self.exit_code = message, hint, exit_code
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """An upstream key for the gateway: env variable `env` from key `key` of the user's Secret `secret`."""
+
+    env: str
+    secret: str
+    key: str
+
+
+def parse_secret_ref(text: str) -> SecretRef:
+    """`ENV=secret[:key]` (key defaults to ENV), as `--key-secret` takes it."""
+    env, sep, rest = text.partition("=")
+    secret, _, key = rest.partition(":")
+    key = key or env
+    if not sep or not _ENV_NAME.match(env) or not secret or not _SECRET_KEY.match(key):
+        raise ProvisionError(f"--key-secret {text!r}: write ENV=SECRET[:KEY], e.g. OPENAI_API_KEY=openai-creds:api-key",
+                             exit_code=2)
+    check_dns_name(secret, "--key-secret: the Secret name")
+    return SecretRef(env, secret, key)
+
+
+def check_dns_name(value: str, what: str) -> str:
+    if not (re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value) and len(value) <= 253):
+        raise ProvisionError(f"{what} {value!r} is not a valid Kubernetes name (lowercase letters, digits, '-', '.')",
+                             exit_code=2)
+    return value
+
+
+def train_name(raw: str) -> str:
+    """A DNS label of at most MAX_TRAIN_NAME characters, kept as is when it already is one."""
+    if len(raw) <= MAX_TRAIN_NAME and _DNS_LABEL.match(raw):
+        return raw
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    digest = hashlib.sha1(raw.encode()).hexdigest()[:6]
+    cleaned = cleaned[: MAX_TRAIN_NAME - 7].strip("-")
+    if not cleaned or not cleaned[0].isalpha():
+        cleaned = ("t-" + cleaned)[: MAX_TRAIN_NAME - 7].strip("-")
+    return f"{cleaned}-{digest}"
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every object name of one train."""
+
+    train: str
+
+    @property
+    def base(self) -> str:
+        return f"agl-{self.train}"
+
+    gateway = property(lambda self: f"{self.base}-gateway")
+    admin_secret = property(lambda self: f"{self.base}-gateway-admin")
+    store_pvc = property(lambda self: f"{self.base}-gateway-store")
+    config = property(lambda self: f"{self.base}-config")
+    controller = property(lambda self: f"{self.base}-controller")
+    checkpoints = property(lambda self: f"{self.base}-checkpoints")
+    trainer = property(lambda self: f"{self.base}-trainer")
+    policy = property(lambda self: f"{self.base}-policy")
+
+    def selector(self) -> dict[str, str]:
+        """What every object of this train carries; `stop` and `status` find them by it."""
+        return {LABEL_MANAGED: "agl", LABEL_TRAIN: self.train}
+
+    def labels(self, component: str) -> dict[str, str]:
+        return {**self.selector(), LABEL_PART_OF: "agl", LABEL_COMPONENT: component}
+
+    def gateway_url(self, namespace: str) -> str:
+        return f"http://{self.gateway}.{namespace}.svc:{GATEWAY_PORT}"
+
+
+TrainerKind = Literal["auto", "job", "rayjob"]
+
+
+@dataclass
+class ClusterOptions:
+    """Where the train lives and how to reach the API (shared by provision, status and stop)."""
+
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+
+
+@dataclass
+class ProvisionOptions(ClusterOptions):
+    """`agl train CONFIG --on kubernetes` flags. `image` is the trainer's (verl + vLLM + the project);
+    `gateway_image` the runtime image the gateway runs."""
+
+    name: str | None = None
+    gpus: int = 1
+    nodes: int | None = None
+    image: str | None = None
+    gateway_image: str | None = None
+    trainer: TrainerKind = "auto"
+    key_secrets: list[SecretRef] = field(default_factory=list)
+    checkpoint_size: str = "200Gi"
+    store_size: str = "10Gi"
+    storage_class: str | None = None
+    include: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    follow: bool = True
+    keep_on_failure: bool = False
+    json_output: bool = False
+    timeout_s: float = 1800.0
+    poll_s: float = 2.0
+    kubernetes_version: str | None = None
+    create_attempts: int = 3
+    retry_backoff_s: float = 0.5
+
+    def check(self) -> None:
+        if self.gpus < 1:
+            raise ProvisionError(f"--gpus must be at least 1, got {self.gpus}", exit_code=2)
+        if self.nodes is not None and not 1 <= self.nodes <= self.gpus:
+            raise ProvisionError(f"--nodes must be between 1 and --gpus ({self.gpus}), got {self.nodes}", exit_code=2)
+        if self.namespace is not None and not (_NAMESPACE.match(self.namespace) and len(self.namespace) <= 63):
+            raise ProvisionError(f"--namespace {self.namespace!r} is not a valid namespace name", exit_code=2)
+        if self.timeout_s <= 0:
+            raise ProvisionError("--timeout must be positive", exit_code=2)
+        envs = [ref.env for ref in self.key_secrets]
+        if len(envs) != len(set(envs)):
+            raise ProvisionError("--key-secret names the same variable twice", exit_code=2)

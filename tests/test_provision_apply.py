@@ -1,0 +1,270 @@
+"""`agl train --on kubernetes` against kmock with the official client: the whole provision sequence, waiting for
+readiness while the test flips statuses, re-running it (idempotent), `stop`, and rollback when a create fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+from rl_backend.provision.options import ANNOTATION_PROVISION, LABEL_TRAIN, ClusterOptions, ProvisionError
+from rl_backend.provision.session import stop
+from rl_backend.rollout.k8s_manifest import validate_schema
+from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture
+    ADMIN_TOKEN,
+    NAMES,
+    NS,
+    UPSTREAM_KEY,
+    cluster,
+    consoles,
+    create,
+    fast_schemas,
+    gateway_up,
+    get,
+    load_target,
+    options,
+    patch_status,
+    run_provision,
+    stored,
+    stored_names,
+    trainer_pod,
+    wait_for,
+    write_project,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+EXPECTED = [
+    ("ServiceAccount", "agl-calc-controller"), ("Role", "agl-calc-controller"),
+    ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("ConfigMap", "agl-calc-config"),
+    ("PersistentVolumeClaim", "agl-calc-gateway-store"), ("PersistentVolumeClaim", "agl-calc-checkpoints"),
+    ("Service", "agl-calc-gateway"), ("Deployment", "agl-calc-gateway"), ("Service", "agl-calc-policy"),
+    ("Job", "agl-calc-trainer"),
+]
+
+
+async def _bring_up(server: kmock.KubernetesEmulator, task: asyncio.Future[Any]) -> None:
+    """Play the controllers one at a time, checking the provision waits for each."""
+    await gateway_up(server)
+    await asyncio.sleep(0.3)
+    assert not task.done(), "the provision returned before the trainer pod was Running"
+    await trainer_pod(server, phase="Pending")
+    await asyncio.sleep(0.3)
+    assert not task.done()
+    await patch_status(server, "Pod", f"{NAMES.trainer}-q2w3e", {"phase": "Running"})
+
+
+def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readiness(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", UPSTREAM_KEY)
+    target = load_target(write_project(tmp_path))
+    err, out, err_text, _ = consoles()
+
+    async def scenario() -> tuple[Any, list[dict[str, Any]]]:
+        async with cluster() as (server, api, _):
+            task = run_provision(api, target, options(), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await asyncio.sleep(0.3)
+            assert not task.done(), "the provision returned before the gateway was available"
+            await _bring_up(server, task)
+            return await asyncio.wait_for(task, 30), stored(server)
+
+    result, objects = asyncio.run(scenario())
+    assert result.outcome == "ready"
+    assert [(s.kind, s.name, s.action) for s in result.steps] == [(k, n, "created") for k, n in EXPECTED]
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    for key in EXPECTED:
+        labels = by_name[key]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "agl" and labels[LABEL_TRAIN] == "calc"
+        if key[0] != "Secret":  # the Secret's token is checked below
+            validate_schema({k: v for k, v in by_name[key].items() if k != "status"}, "1.30")
+
+    deployment = by_name["Deployment", NAMES.gateway]["spec"]["template"]["spec"]
+    gateway = deployment["containers"][0]
+    assert gateway["command"] == ["agl", "gateway", "serve", "/etc/agl/project/agl.yaml", "--in-cluster",
+                                  "--store", "/data/store.sqlite", "--port", "8090"]
+    env = {e["name"]: e for e in gateway["env"]}
+    assert env["OPENAI_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "agl-upstream-keys", "key": "OPENAI_API_KEY"}}
+    assert env["CLAUDE_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "agl-upstream-keys", "key": "CLAUDE_KEY"}}
+    assert env["AGL_GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": NAMES.admin_secret, "key": "token"}
+    assert deployment["automountServiceAccountToken"] is False
+    assert {v["name"]: v for v in deployment["volumes"]}["store"]["persistentVolumeClaim"]["claimName"] == NAMES.store_pvc
+
+    job = by_name["Job", NAMES.trainer]
+    pod = job["spec"]["template"]["spec"]
+    trainer = pod["containers"][0]
+    assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert trainer["command"] == ["agl", "train", "/etc/agl/project/agl.yaml", "--backend", "verl", "--resume"]
+    assert pod["serviceAccountName"] == NAMES.controller and pod["automountServiceAccountToken"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == NAMES.checkpoints
+    assert {"key", "path"} <= set(volumes["project"]["configMap"]["items"][0])
+    trainer_env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert trainer_env["AGL_GATEWAY_URL"] == "http://agl-calc-gateway.default.svc:8090"
+    assert "OPENAI_API_KEY" not in trainer_env  # the gateway holds the upstream keys, the trainer never
+
+    config = by_name["ConfigMap", NAMES.config]
+    paths = {i["path"] for i in volumes["project"]["configMap"]["items"]}
+    assert paths == {"agl.yaml", "tasks.jsonl", "prompts/a.md"}
+    copied = next(v for k, v in config["data"].items() if k.endswith("agl.yaml"))
+    assert "namespace: default" in copied and "kubeconfig" not in copied and "agl.dev/train: calc" in copied
+    assert by_name["Secret", NAMES.admin_secret]["stringData"] == {"token": ADMIN_TOKEN}
+    assert by_name["PersistentVolumeClaim", NAMES.checkpoints]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    everything = json.dumps(objects) + err_text.getvalue()
+    assert UPSTREAM_KEY not in everything
+    assert ADMIN_TOKEN not in err_text.getvalue()
+
+
+def test_a_rerun_is_idempotent_and_keeps_the_token_and_the_running_trainer(tmp_path: Path) -> None:
+    target = load_target(write_project(tmp_path))
+    err, out, _, _ = consoles()
+
+    async def scenario() -> tuple[Any, Any, set[str], set[str], dict[str, Any]]:
+        async with cluster() as (server, api, _):
+            first = run_provision(api, target, options(), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await gateway_up(server)
+            await trainer_pod(server)
+            one = await asyncio.wait_for(first, 30)
+            before = stored_names(server)
+            again = await asyncio.wait_for(run_provision(api, target, options(), err, out), 30)
+            return one, again, before, stored_names(server), await get(server, "Secret", NAMES.admin_secret)
+
+    one, again, before, after, secret = asyncio.run(scenario())
+    assert before == after
+    actions = {(s.kind, s.name): s.action for s in again.steps}
+    assert actions[("Secret", NAMES.admin_secret)] == "kept" and secret["stringData"] == {"token": ADMIN_TOKEN}
+    assert actions[("PersistentVolumeClaim", NAMES.checkpoints)] == "kept"
+    assert actions[("Job", NAMES.trainer)] == "kept"
+    assert actions[("Deployment", NAMES.gateway)] == "patched"
+
+
+def test_stop_deletes_exactly_what_the_train_made(tmp_path: Path) -> None:
+    target = load_target(write_project(tmp_path))
+    err, out, _, _ = consoles()
+
+    async def scenario() -> tuple[list[str], set[str], list[str], set[str]]:
+        async with cluster() as (server, api, _):
+            task = run_provision(api, target, options(), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await gateway_up(server)
+            await trainer_pod(server)
+            await asyncio.wait_for(task, 30)
+            # Not the train's: another train's ConfigMap, a ConfigMap of nobody's; the train's: a rollout Job the
+            # controller left behind (the cluster's agl.yaml gives rollout Jobs the train's label).
+            await create(server, "ConfigMap", {"kind": "ConfigMap", "metadata": {"name": "other", "labels": {
+                "app.kubernetes.io/managed-by": "agl", LABEL_TRAIN: "other"}}})
+            await create(server, "ConfigMap", {"kind": "ConfigMap", "metadata": {"name": "unrelated"}})
+            await create(server, "Job", {"metadata": {"name": "agl-1234-r1-1", "labels": {
+                "app.kubernetes.io/managed-by": "agl", LABEL_TRAIN: "calc", "agl.dev/run": "x"}}, "spec": {}})
+            cluster_options = ClusterOptions(namespace=NS)
+            kept = await asyncio.to_thread(stop, "calc", cluster_options, keep_volumes=True, api_client=api)
+            after_keep = stored_names(server)
+            deleted = await asyncio.to_thread(stop, "calc", cluster_options, api_client=api)
+            return kept, after_keep, deleted, stored_names(server)
+
+    kept, after_keep, deleted, remaining = asyncio.run(scenario())
+    assert "PersistentVolumeClaim/agl-calc-checkpoints" in after_keep
+    assert sorted(deleted) == ["PersistentVolumeClaim/agl-calc-checkpoints", "PersistentVolumeClaim/agl-calc-gateway-store"]
+    expected = {f"{k}/{n}" for k, n in EXPECTED} | {"Job/agl-1234-r1-1"}
+    assert set(kept) == expected - {"PersistentVolumeClaim/agl-calc-checkpoints",
+                                    "PersistentVolumeClaim/agl-calc-gateway-store"}
+    assert kept[0] == "Job/agl-1234-r1-1" or kept[0] == "Job/agl-calc-trainer"  # the trainer kind goes first
+    assert kept[-1] == "ServiceAccount/agl-calc-controller"  # the identity goes last
+    # What is left: the stand-in pods and endpoints (their controllers would delete them), the foreign objects, and
+    # the user's own Secret with the upstream keys (agl reads it by reference; it is not agl's to delete).
+    assert {n for n in remaining if not n.startswith(("Pod/", "EndpointSlice/"))} == {
+        "ConfigMap/other", "ConfigMap/unrelated", "Secret/agl-upstream-keys"}
+
+
+@pytest.mark.parametrize(("kind", "status"), [("RoleBinding", 422), ("Deployment", 500), ("Job", 422)])
+def test_a_failed_create_rolls_back_everything_created_before_it(tmp_path: Path, kind: str, status: int) -> None:
+    target = load_target(write_project(tmp_path))
+    err, out, err_text, _ = consoles()
+
+    async def scenario() -> tuple[BaseException | None, set[str]]:
+        async with cluster() as (server, api, _):
+            await create(server, "ConfigMap", {"kind": "ConfigMap", "metadata": {"name": "unrelated"}})
+            path = {"RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+                    "Deployment": "/apis/apps/v1/namespaces/default/deployments",
+                    "Job": "/apis/batch/v1/namespaces/default/jobs"}[kind]
+
+            def refuse(request: kmock.Request) -> Any:
+                # kmock stores a created object even when a reaction answers an error. A 422 stores nothing on a
+                # real server; here a 500 also stored nothing: drop it, so every retry fails the same way.
+                name = request.data["metadata"]["name"]
+                plural = path.rsplit("/", 1)[1]
+                for key in [k for k, _ in server.objects.items() if k[0].plural == plural and k[2] == name]:
+                    del server.objects[key]
+                raise kmock.KubernetesError(status=status, reason="Injected", message=f"injected {status}")
+
+            server["post", path] << refuse
+            try:
+                await asyncio.wait_for(run_provision(api, target, options(), err, out), 30)
+                return None, stored_names(server)
+            except ProvisionError as exc:
+                return exc, stored_names(server)
+
+    error, remaining = asyncio.run(scenario())
+    assert isinstance(error, ProvisionError)
+    assert f"cannot create {kind}/" in error.message and f"injected {status}" in error.message
+    assert remaining == {"ConfigMap/unrelated", "Secret/agl-upstream-keys"}  # nothing of the train is left
+    assert "rolled back" in err_text.getvalue()
+
+
+def test_a_500_whose_create_was_stored_is_adopted_and_still_rolled_back(tmp_path: Path) -> None:
+    target = load_target(write_project(tmp_path))
+    err, out, err_text, _ = consoles()
+
+    async def scenario() -> tuple[BaseException | None, int, set[str]]:
+        async with cluster() as (server, api, _):
+            calls = {"deployments": 0}
+
+            def flaky(request: kmock.Request) -> Any:
+                calls["deployments"] += 1
+                if calls["deployments"] > 1:
+                    return NotImplemented
+                raise kmock.KubernetesError(status=500, reason="Internal", message="etcd timeout (stored anyway)")
+
+            def refuse(request: kmock.Request) -> Any:
+                name = request.data["metadata"]["name"]
+                del server.objects["batch/v1/jobs", NS, name]
+                raise kmock.KubernetesError(status=422, reason="Invalid", message="spec.template: invalid")
+
+            server["post", "/apis/apps/v1/namespaces/default/deployments"] << flaky
+            server["post", "/apis/batch/v1/namespaces/default/jobs"] << refuse
+            error: BaseException | None = None
+            try:
+                await asyncio.wait_for(run_provision(api, target, options(), err, out), 30)
+            except ProvisionError as exc:
+                error = exc
+            posts = [r for r in server if r.method == "POST" and r.url.path.endswith("/deployments")]
+            return error, len(posts), stored_names(server)
+
+    error, attempts, remaining = asyncio.run(scenario())
+    assert isinstance(error, ProvisionError) and "spec.template: invalid" in error.message
+    # The retry met 409, found its own provision id on the Deployment, adopted it; the rollback deleted it.
+    assert attempts == 2 and "created Deployment/agl-calc-gateway" in err_text.getvalue()
+    assert remaining == {"Secret/agl-upstream-keys"}
+
+
+def test_an_object_of_the_same_name_that_is_not_the_trains_is_left_alone(tmp_path: Path) -> None:
+    target = load_target(write_project(tmp_path))
+    err, out, _, _ = consoles()
+
+    async def scenario() -> tuple[BaseException, dict[str, Any], set[str]]:
+        async with cluster() as (server, api, _):
+            await create(server, "Service", {"kind": "Service", "metadata": {"name": NAMES.gateway, "labels": {"app": "theirs"},
+                                                          "annotations": {ANNOTATION_PROVISION: "x"}}})
+            with pytest.raises(ProvisionError) as caught:
+                await asyncio.wait_for(run_provision(api, target, options(), err, out), 30)
+            return caught.value, await get(server, "Service", NAMES.gateway), stored_names(server)
+
+    error, service, remaining = asyncio.run(scenario())
+    assert "not part of train 'calc'" in str(error)
+    assert service["metadata"]["labels"] == {"app": "theirs"}
+    assert remaining == {f"Service/{NAMES.gateway}", "Secret/agl-upstream-keys"}
