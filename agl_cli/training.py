@@ -68,14 +68,16 @@ def trained_upstream(spec: ExperimentSpec) -> str:
     )
 
 
-def phase_variants(spec: ExperimentSpec) -> tuple[Variant, Variant, Variant]:
-    """The baseline's settings under three names: held-out before training, training batches, held-out after."""
+def phase_variants(spec: ExperimentSpec) -> tuple[Variant, Variant]:
+    """The baseline's settings under two names: held-out before training, and the training batches."""
     base = baseline(spec)
-    return (
-        Variant("before", base.settings, f"{base.hash}-before"),
-        Variant("train", base.settings, f"{base.hash}-train"),
-        Variant("after", base.settings, f"{base.hash}-after"),
-    )
+    return Variant("before", base.settings, f"{base.hash}-before"), Variant("train", base.settings, f"{base.hash}-train")
+
+
+def after_variant(spec: ExperimentSpec, step: int) -> Variant:
+    """Held-out after training, named by the update it measures: a resumed run that trains further measures anew."""
+    base = baseline(spec)
+    return Variant(f"after-step-{step}", base.settings, f"{base.hash}-after-{step}")
 
 
 def training_batch(tasks: list[Task], variant: Variant, iteration: int, options: TrainOptions) -> list[PlannedRollout]:
@@ -128,10 +130,10 @@ class Trainer:
         from rl_backend.trainer.curves import read_curve
         from rl_backend.trainer.loop import LoopConfig, TrainingLoop, latest_checkpoint
 
-        before, during, after = phase_variants(self.spec)
+        before, during = phase_variants(self.spec)
         checkpoints = self.run_dir.path / "checkpoints"
         store = self.run_dir.open_store()
-        for variant in (before, during, after):
+        for variant in (before, during):
             store.upsert_variant(variant.name, variant.hash, variant.settings)
         with running_stack(self.spec, store, log=self.log) as stack:
             engine = stack.embedded[self.upstream].engine
@@ -153,7 +155,9 @@ class Trainer:
                                   keep_checkpoints=self.options.keep_checkpoints),
             )
             loop.run()
-            self.log(f"held-out {self.options.heldout_split} split after training")
+            after = after_variant(self.spec, trainer.step)
+            store.upsert_variant(after.name, after.hash, after.settings)
+            self.log(f"held-out {self.options.heldout_split} split after training ({after.name})")
             self._evaluate(evaluator, make_plan([after], self.heldout, 1))
         curve = read_curve(store)
         store.close()
@@ -163,7 +167,8 @@ class Trainer:
             shutil.rmtree(trained_dir, ignore_errors=True)
             shutil.copytree(final / "model", trained_dir)
         self._write_metrics(curve)
-        return {"curve": [c.to_json() for c in curve], "trained_model": str(trained_dir) if final else None}
+        return {"curve": [c.to_json() for c in curve], "trained_model": str(trained_dir) if final else None,
+                "after_variant": after.name}
 
     def _runner(self, stack: Stack, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
         return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),

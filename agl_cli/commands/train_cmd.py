@@ -46,12 +46,12 @@ def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOp
     return load_spec(Path(manifest["spec_path"])), run, TrainOptions(**manifest["options"])
 
 
-def _before_after(run: RunDir) -> dict[str, Any] | None:
+def _before_after(run: RunDir, after_name: str) -> dict[str, Any] | None:
     from agl_cli.commands.compare_cmd import compare_sides, load_side, sentence
 
     try:
         before = load_side(f"{run.run_id}:before", run, "before", None)
-        after = load_side(f"{run.run_id}:after", run, "after", None)
+        after = load_side(f"{run.run_id}:{after_name}", run, after_name, None)
     except Exception:  # noqa: BLE001 - no held-out rollouts finished: nothing to judge, said by the caller
         return None
     doc = compare_sides(before, [after])[0]
@@ -62,7 +62,8 @@ def _before_after(run: RunDir) -> dict[str, Any] | None:
 @handle_errors
 def train_command(
     config: Annotated[Path | None, typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,
-    steps: Annotated[int, typer.Option(help="Policy updates to make.")] = 8,
+    steps: Annotated[int | None, typer.Option(help="Policy updates to make in all (default 8; with --resume: "
+                                                   "raise it to train further).")] = None,
     tasks_per_step: Annotated[int, typer.Option(help="Training tasks per update.")] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per task per update (the GRPO group).")] = 4,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
@@ -93,9 +94,15 @@ def train_command(
         if config is not None:
             raise UsageError("--resume RUN takes no spec: the run has it")
         spec, run, options = _resume(resume, runs_dir)
+        if steps is not None:
+            options.steps = steps
+            manifest = run.manifest()
+            manifest["options"] = options.as_dict()
+            run.write_manifest(manifest)
     else:
         if config is None:
             raise UsageError("give the experiment spec: agl train path/to/agl.yaml (or --resume RUN)")
+        steps = 8 if steps is None else steps
         for name, value in (("--steps", steps), ("--tasks-per-step", tasks_per_step), ("--group-size", group_size),
                             ("--heldout-limit", heldout_limit)):
             if value < 1:
@@ -127,7 +134,7 @@ def train_command(
     except KeyboardInterrupt:
         console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
         raise typer.Exit(130) from None
-    comparison = _before_after(run)
+    comparison = _before_after(run, outcome["after_variant"])
     manifest = run.manifest()
     manifest["status"] = "completed"
     run.write_manifest(manifest)
