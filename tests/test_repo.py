@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -35,10 +36,14 @@ def test_help_imports_nothing_heavy_and_starts_fast() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[1] == "", f"agl --help imported {out[1]}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "agl_cli", "--help"], capture_output=True, text=True,
                             env=agl_env(), check=True)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert "eval" in result.stdout
-    # Half a second is the goal on an idle machine; the bound here leaves room for a loaded CI box.
-    assert elapsed < 2.0, f"agl --help took {elapsed:.2f}s"
+    # Half a second of wall time is the goal on an idle machine. CPU time is what the process itself costs, and
+    # stays meaningful when other work shares the cores.
+    assert cpu < 0.5, f"agl --help used {cpu:.2f} CPU-seconds ({elapsed:.2f} s wall)"
