@@ -228,6 +228,13 @@ def load_spec(path: Path | str) -> ExperimentSpec:
             f"{spec_path}:{line}: `tasks.path`: {spec.resolve(spec.tasks.path)} does not exist",
             hint="paths in agl.yaml are relative to the folder of agl.yaml",
         )
+    for upstream_name, upstream in spec.upstreams.items():
+        if upstream.kind == "replay" and not spec.resolve(str(upstream.path)).is_file():
+            line = doc.line_of(("upstreams", upstream_name, "path"))
+            raise ConfigError(
+                f"{spec_path}:{line}: `upstreams.{upstream_name}.path`: {spec.resolve(str(upstream.path))} does not exist",
+                hint="record one by running against the live upstream with `record_to:` set on it",
+            )
     for knob_name, knob in spec.knobs.items():
         for index, file_name in enumerate(knob.files or []):
             if not spec.resolve(file_name).is_file():

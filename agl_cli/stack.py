@@ -59,6 +59,14 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                     name=name, api="openai", base_urls=[model_server.base_url + "/v1"],
                     default_model=upstream.model, timeout_s=upstream.timeout_s, returns_token_ids=True,
                 )
+            elif upstream.kind == "replay":
+                from rl_backend.gateway.replay import start_replay_upstream
+
+                resolved[name], replay_server = start_replay_upstream(
+                    name, spec.resolve(str(upstream.path)), api=upstream.api or "openai",
+                    default_model=upstream.model, timeout_s=upstream.timeout_s,
+                )
+                exits.callback(replay_server.stop)
             else:
                 resolved[name] = ResolvedUpstream(
                     name=name,
@@ -69,6 +77,13 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                     timeout_s=upstream.timeout_s,
                     returns_token_ids=False,
                 )
+            if upstream.record_to:
+                from rl_backend.gateway.record import start_recording
+
+                if log:
+                    log(f"recording the responses of {name!r} to {spec.resolve(upstream.record_to)}")
+                resolved[name], recorder = start_recording(resolved[name], spec.resolve(upstream.record_to))
+                exits.callback(recorder.stop)
         if not resolved and not spec.grader.reported:
             # The agent calls no model through agl (or uses its own keys) and reports no reward: no gateway.
             yield Stack(gateway=None, gateway_url=None, upstreams={}, embedded=embedded)

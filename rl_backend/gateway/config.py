@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible"]
+UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible", "replay"]
 
 
 class UpstreamSpec(BaseModel):
@@ -20,6 +20,9 @@ class UpstreamSpec(BaseModel):
     base_urls: list[str] | None = None
     api_key_env: str | None = None
     timeout_s: float = 600.0
+    path: str | None = Field(default=None, description="replay: the JSONL recording to answer from")
+    api: Literal["openai", "anthropic"] | None = Field(default=None, description="replay: the API the recording speaks")
+    record_to: str | None = Field(default=None, description="append every response of this upstream to a JSONL file")
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSpec:
@@ -29,6 +32,13 @@ class UpstreamSpec(BaseModel):
             raise ValueError("an openai-compatible upstream needs `base_url` or `base_urls`")
         if self.base_url and self.base_urls:
             raise ValueError("give either `base_url` or `base_urls`, not both")
+        if self.kind == "replay":
+            if not self.path:
+                raise ValueError("a replay upstream needs `path`, the JSONL recording to answer from")
+            if self.base_url or self.base_urls or self.record_to:
+                raise ValueError("a replay upstream takes `path` and `api`, not `base_url(s)` or `record_to`")
+        elif self.path or self.api:
+            raise ValueError("`path` and `api` are for `kind: replay` (did you mean `record_to`?)")
         return self
 
     def urls(self) -> list[str]:
