@@ -172,6 +172,8 @@ def check_invocation(root: Any, args: list[str]) -> str | None:
     words = list(args)
     path = ["agl"]
     while hasattr(command, "commands") and words and not words[0].startswith("-"):
+        if words[0] not in command.commands and hasattr(command, "default_command_for"):
+            words.insert(0, command.default_command_for(words))  # `agl train CONFIG ...` routes to a hidden command
         name = words.pop(0)
         sub = command.commands.get(name)
         if sub is None:

@@ -177,11 +177,16 @@ class TrainGroup(TyperGroup):
     """`agl train` as a group whose default command takes the CONFIG: `agl train CONFIG …` runs the hidden
     `run` command (local training), or `k8s` when `--on kubernetes` is given; `status` and `stop` are commands."""
 
+    @staticmethod
+    def default_command_for(args: list[str]) -> str:
+        """The hidden command `agl train CONFIG ARGS` runs: `k8s` with `--on kubernetes`, else `run`."""
+        on_cluster = any(a == "--on=kubernetes" or (a == "--on" and args[i + 1:i + 2] == ["kubernetes"])
+                         for i, a in enumerate(args))
+        return "k8s" if on_cluster else "run"
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            on_cluster = any(a == "--on=kubernetes" or (a == "--on" and args[i + 1:i + 2] == ["kubernetes"])
-                             for i, a in enumerate(args))
-            args = ["k8s" if on_cluster else "run", *args]
+            args = [self.default_command_for(args), *args]
         return super().parse_args(ctx, args)
 
 
