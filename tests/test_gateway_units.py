@@ -77,7 +77,7 @@ def test_knob_validation_and_application() -> None:
         msg, validate_knobs({"system_prompt": {"text": "new", "mode": "prepend"}, "reasoning_effort": "low"})
     )
     assert msg["system"] == [{"type": "text", "text": "new"}, {"type": "text", "text": "old"}]
-    assert "reasoning_effort" not in applied  # no place for it in Messages: not claimed as applied
+    assert applied["reasoning_effort"] == "low" and applied["thinking"] == {"type": "enabled", "budget_tokens": 1024}
 
 
 def test_router_rules_and_replica_hash() -> None:
@@ -241,3 +241,18 @@ def test_rows_redact_secrets_echoed_into_requests_responses_and_errors() -> None
     )
     row = " ".join(str(v) for v in call_row(record, (secret, "")))
     assert "odd" not in row and row.count("[redacted]") == 3
+
+
+def test_reasoning_effort_maps_to_an_anthropic_thinking_budget() -> None:
+    from rl_backend.gateway.knobs import apply_anthropic_messages
+
+    body = {"model": "claude", "max_tokens": 500, "temperature": 0.2, "messages": [{"role": "user", "content": "hi"}]}
+    applied = apply_anthropic_messages(body, {"reasoning_effort": "medium"})
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+    assert body["max_tokens"] == 4096 + 500  # the answer keeps the room the agent asked for
+    assert body["temperature"] == 1  # the API allows thinking only at temperature 1
+    assert applied["reasoning_effort"] == "medium" and applied["thinking"]["budget_tokens"] == 4096
+    off: dict = {"model": "claude", "max_tokens": 100, "messages": []}
+    assert apply_anthropic_messages(off, {"reasoning_effort": "minimal"})["thinking"] == {"type": "disabled"}
+    unknown: dict = {"model": "claude", "max_tokens": 100, "messages": []}
+    assert apply_anthropic_messages(unknown, {"reasoning_effort": "turbo"}) == {} and "thinking" not in unknown

@@ -13,6 +13,9 @@ from typing import Any
 
 KNOBS = ("model", "temperature", "top_p", "max_tokens", "reasoning_effort", "system_prompt")
 _EFFORTS = ("minimal", "low", "medium", "high")
+# Anthropic expresses reasoning effort as an extended-thinking token budget; these are the budgets each effort maps
+# to (1,024 is the API's minimum). "minimal" and "none" turn thinking off.
+ANTHROPIC_THINKING_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
 
 
 def _number(name: str, value: Any) -> float:
@@ -142,7 +145,8 @@ def apply_anthropic_messages(body: dict[str, Any], knobs: Mapping[str, Any]) -> 
     if "max_tokens" in knobs:
         body["max_tokens"] = knobs["max_tokens"]
         applied["max_tokens"] = knobs["max_tokens"]
-    # reasoning_effort has no one-to-one Messages field (thinking budgets interact with max_tokens): not applied.
+    if "reasoning_effort" in knobs:
+        _apply_thinking(body, str(knobs["reasoning_effort"]), applied)
     if "system_prompt" in knobs:
         text, mode = knobs["system_prompt"]["text"], knobs["system_prompt"]["mode"]
         current = body.get("system")
@@ -154,3 +158,26 @@ def apply_anthropic_messages(body: dict[str, Any], knobs: Mapping[str, Any]) -> 
             body["system"] = _join(text, str(current))
         applied["system_prompt"] = knobs["system_prompt"]
     return applied
+
+
+def _apply_thinking(body: dict[str, Any], effort: str, applied: dict[str, Any]) -> None:
+    """reasoning_effort on Messages: an extended-thinking budget. The budget counts inside max_tokens, so the answer
+    keeps the room the agent asked for on top of it; thinking runs at temperature 1 only, so a lower one is lifted."""
+    if effort in ("minimal", "none"):
+        body["thinking"] = {"type": "disabled"}
+        applied["reasoning_effort"] = effort
+        applied["thinking"] = {"type": "disabled"}
+        return
+    budget = ANTHROPIC_THINKING_BUDGETS.get(effort)
+    if budget is None:
+        return  # an effort name Anthropic has no budget for: left out of the record rather than guessed
+    requested = body.get("max_tokens")
+    answer_room = requested if isinstance(requested, int) else 1024
+    body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    body["max_tokens"] = budget + answer_room
+    if "temperature" in body and body["temperature"] != 1:
+        body["temperature"] = 1
+        applied["temperature"] = 1
+    body.pop("top_k", None)
+    applied["reasoning_effort"] = effort
+    applied["thinking"] = {"type": "enabled", "budget_tokens": budget}
