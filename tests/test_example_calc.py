@@ -42,11 +42,15 @@ def test_eval_of_the_offline_example_on_20_tasks(tmp_path: Path) -> None:
         assert len(call.completion_token_ids) == len(call.logprobs) == call.output_tokens
         assert len(call.prompt_token_ids) == call.input_tokens
         assert "authorization" not in json.dumps(call.request).lower()
-    # Multi-turn rollouts: a later call's prompt extends the earlier prompt and completion token for token.
+    # Multi-turn rollouts: when the agent hands back the model's reply unchanged, the next prompt extends the previous
+    # prompt and completion token for token, which is what lets training merge the calls into one sequence.
     multi = [r for r in rollouts if len(store.calls(r.id)) > 1]
     assert multi, "no rollout used the calculator tool"
-    first, second = store.calls(multi[0].id)[:2]
-    assert first.prompt_token_ids and first.completion_token_ids and second.prompt_token_ids
-    prefix = first.prompt_token_ids + first.completion_token_ids
-    assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
-    assert len(second.prompt_token_ids) > len(prefix) - 2
+    exact = 0
+    for rollout in multi:
+        first, second = store.calls(rollout.id)[:2]
+        assert first.prompt_token_ids and first.completion_token_ids and second.prompt_token_ids
+        assert second.prompt_token_ids[: len(first.prompt_token_ids)] == first.prompt_token_ids
+        prefix = first.prompt_token_ids + first.completion_token_ids
+        exact += second.prompt_token_ids[: len(prefix)] == prefix
+    assert exact >= 1, "no multi-turn rollout extended its previous call exactly"
