@@ -163,6 +163,8 @@ class OpenAIExchange(Exchange):
         options = body.get("stream_options")
         self.want_usage_chunk = isinstance(options, dict) and options.get("include_usage") is True
         self.want_token_ids = body.get("return_token_ids") is True
+        # Set by a subclass when the gateway asked for logprobs the agent did not: they are stripped again.
+        self.forced_logprobs = False
         self.done = False
 
     def error_event(self, message: str) -> bytes:
@@ -183,6 +185,33 @@ class OpenAIExchange(Exchange):
                 modified |= choice.pop("token_ids", None) is not None
                 modified |= choice.pop("prompt_token_ids", None) is not None
         return modified
+
+    def _strip(self, obj: dict[str, Any]) -> bool:
+        """Remove what the gateway asked for on its own behalf (token ids, logprobs) from what the agent sees."""
+        modified = self._strip_token_ids(obj)
+        if self.forced_logprobs:
+            for choice in obj.get("choices") or []:
+                if isinstance(choice, dict) and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+                    modified = True
+        return modified
+
+    def _record_response(self, data: Any, kind: str) -> dict[str, Any]:
+        """Usage, model and completion ids of a whole (non-streamed) answer; returns its first choice."""
+        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+            raise ValueError(f"the upstream's answer is not a {kind} object")
+        out = self.outcome
+        out.usage = usage_from_openai(data.get("usage"))
+        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
+        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
+        first: dict[str, Any] = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
+        out.completion_token_ids = int_list(first.get("token_ids"))
+        return first
+
+    def _finish_response(self, data: dict[str, Any]) -> dict[str, Any]:
+        self._strip(data)
+        self.outcome.response = data
+        return data
 
     def _strip_usage(self, chunk: dict[str, Any]) -> tuple[bool, bool]:
         """(drop the chunk, modified) for a usage the agent did not ask to be streamed."""
@@ -232,29 +261,11 @@ class ChatExchange(OpenAIExchange):
             body["logprobs"] = True
         return body
 
-    def _strip(self, obj: dict[str, Any]) -> bool:
-        modified = self._strip_token_ids(obj)
-        if self.forced_logprobs:
-            for choice in obj.get("choices") or []:
-                if isinstance(choice, dict) and choice.get("logprobs") is not None:
-                    choice["logprobs"] = None
-                    modified = True
-        return modified
-
     def process_response(self, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise ValueError("the upstream's answer is not a chat.completion object")
-        out = self.outcome
-        out.usage = usage_from_openai(data.get("usage"))
-        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
-        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
-        first = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
-        out.prompt_token_ids = int_list(data.get("prompt_token_ids"))
-        out.completion_token_ids = int_list(first.get("token_ids"))
-        out.logprobs = chat_logprobs(first)
-        self._strip(data)
-        out.response = data
-        return data
+        first = self._record_response(data, "chat.completion")
+        self.outcome.prompt_token_ids = int_list(data.get("prompt_token_ids"))
+        self.outcome.logprobs = chat_logprobs(first)
+        return self._finish_response(data)
 
     def process_event(self, event: SSEEvent) -> list[bytes]:
         chunk = self._parse_chunk(event)

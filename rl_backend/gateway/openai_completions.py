@@ -76,29 +76,11 @@ class CompletionsExchange(OpenAIExchange):
                 body["logprobs"] = 1
         return body
 
-    def _strip(self, obj: dict[str, Any]) -> bool:
-        modified = self._strip_token_ids(obj)
-        if self.forced_logprobs:
-            for choice in obj.get("choices") or []:
-                if isinstance(choice, dict) and choice.get("logprobs") is not None:
-                    choice["logprobs"] = None
-                    modified = True
-        return modified
-
     def process_response(self, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise ValueError("the upstream's answer is not a text_completion object")
-        out = self.outcome
-        out.usage = usage_from_openai(data.get("usage"))
-        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
-        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
-        first = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
-        out.prompt_token_ids = int_list(first.get("prompt_token_ids"))
-        out.completion_token_ids = int_list(first.get("token_ids"))
-        out.logprobs = _token_logprobs(first)
-        self._strip(data)
-        out.response = data
-        return data
+        first = self._record_response(data, "text_completion")
+        self.outcome.prompt_token_ids = int_list(first.get("prompt_token_ids"))
+        self.outcome.logprobs = _token_logprobs(first)
+        return self._finish_response(data)
 
     def _add(self, chunk: dict[str, Any]) -> None:
         for key in ("id", "created", "model"):
