@@ -150,7 +150,7 @@ def test_openai_agent_replayed_offline(tmp_path: Path) -> None:
 
 def test_anthropic_agent_replayed_offline(tmp_path: Path) -> None:
     doc, store = _eval("agl.anthropic.replay.yaml", tmp_path, "--limit", "2", "-v", "baseline",
-                       "-v", "model=anthropic/claude-sonnet-4-5,thinking_budget=1024")
+                       "-v", "model=anthropic/claude-sonnet-4-5,reasoning_effort=low")
     for variant in doc["variants"]:
         assert variant["n"] == 2 and variant["missing"] == 0, variant["missing_reasons"]
         assert variant["cost_usd"] > 0
@@ -159,4 +159,6 @@ def test_anthropic_agent_replayed_offline(tmp_path: Path) -> None:
     assert {c.response["id"] for c in calls} <= _recorded_ids("anthropic.jsonl")
     thinking = [c for c in calls if c.model == "claude-sonnet-4-5"]
     assert thinking and all(c.response["content"][0]["type"] == "thinking" for c in thinking)
+    # the gateway turned reasoning_effort into a thinking budget; minimal turned thinking off
     assert all(c.request["thinking"] == {"type": "enabled", "budget_tokens": 1024} for c in thinking)
+    assert all(c.request["thinking"] == {"type": "disabled"} for c in calls if c.model == "claude-haiku-4-5")

@@ -80,18 +80,18 @@ def solve(question: str) -> str:
             # Newer SDKs dropped the `temperature` argument; the API and the gateway still take the field.
             extra_body={"temperature": TEMPERATURE},
         )
-        reply = "".join(block.text for block in response.content if block.type == "text").strip()
+        reply = "".join(block.text for block in response.content if block.type == "text")
+        # The whole reply goes back unchanged, so the next prompt extends this one token for token (for training).
+        messages.append({"role": "assistant", "content": reply or "(no reply)"})
         calc, answer = CALC.search(reply), ANSWER.search(reply)
         if answer and not (calc and calc.start() < answer.start()):
             numbers = NUMBER.findall(answer.group(1).split("=")[-1])
             return numbers[0].replace(",", "") if numbers else answer.group(1).strip()
-        if calc:  # keep the reply up to its CALC line, run the tool, and hand back the result
-            messages.append({"role": "assistant", "content": reply[: calc.end()]})
+        if calc:  # run the first calculation the model asked for and hand back its result
             messages.append({"role": "user", "content": f"RESULT: {calculate(calc.group(1))}"})
         else:
-            messages.append({"role": "assistant", "content": reply or "(no reply)"})
             messages.append({"role": "user", "content": "Reply with CALC: <expression> or ANSWER: <number>."})
-    return reply
+    return reply.strip()
 
 
 def main() -> None:

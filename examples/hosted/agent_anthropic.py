@@ -6,8 +6,8 @@ Run it on one task:
 
 It reads ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY (under `agl`, the gateway sets them) and keeps its own model name
 (AGENT_MODEL, default claude-haiku-4-5); agl.anthropic.yaml maps it to whichever model a variant serves and sets
-the system prompt through the gateway. The Messages API has no `reasoning_effort`: this agent's reasoning knob is
-AGENT_THINKING_BUDGET (0 = no extended thinking; N >= 1024 = thinking with that many tokens), set as an env knob.
+the system prompt and the reasoning effort through the gateway (which turns an effort into an extended-thinking
+budget). Run alone, AGENT_THINKING_BUDGET (0 = off; N >= 1024 = thinking with that many tokens) does the same.
 Thinking blocks are sent back unchanged on the next turn, as the API requires. Settings: AGENT_PROMPT_FILE
 (default prompts/basic.md), AGENT_MAX_TURNS (4).
 """
