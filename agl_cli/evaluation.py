@@ -236,7 +236,14 @@ class EvalRunner:
         rollout.stdout_tail, rollout.stderr_tail = result.stdout_tail, result.stderr_tail
         if output_file.is_file():
             rollout.output = output_file.read_bytes()[:OUTPUT_KEEP_BYTES].decode("utf-8", errors="replace")
-        if result.timed_out:
+        limit = gateway.spend_limit if gateway is not None else None
+        if limit is not None and limit.was_refused(rid):
+            # Whatever the agent made of a refused call is not its answer: no grade, and (not terminal) a resume
+            # with a higher budget runs it again.
+            rollout.status, rollout.failure = RolloutStatus.cancelled, FailureKind.budget_exhausted
+            rollout.error = f"the gateway refused this rollout's model calls: the budget of ${limit.limit_usd:g} is spent"
+            self.stopped_for_budget = True
+        elif result.timed_out:
             rollout.status, rollout.failure = RolloutStatus.timed_out, FailureKind.agent_timeout
             rollout.error = f"the agent did not finish within {self.spec.agent.timeout_s:g} s; its process group was killed"
         elif result.exit_code != 0:

@@ -17,6 +17,7 @@ from rl_backend.store.db import RunStore
 
 if TYPE_CHECKING:
     from rl_backend.gateway import Gateway
+    from rl_backend.gateway.budget import SpendLimit
 
 
 @dataclass
@@ -42,7 +43,9 @@ def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> Iterator[Stack]:
+def running_stack(
+    spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None
+) -> Iterator[Stack]:
     with contextlib.ExitStack() as exits:
         resolved: dict[str, ResolvedUpstream] = {}
         embedded: dict[str, Any] = {}
@@ -76,6 +79,7 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
                     default_model=upstream.model,
                     timeout_s=upstream.timeout_s,
                     returns_token_ids=False,
+                    free=upstream.free,
                 )
             if upstream.record_to:
                 from rl_backend.gateway.record import start_recording
@@ -97,7 +101,7 @@ def running_stack(spec: ExperimentSpec, store: RunStore, *, log: Any = None) -> 
         # Pods reach the gateway over the network: it listens beyond loopback, which needs an admin token.
         listen = spec.kubernetes.listen_address() if spec.runner == "kubernetes" and spec.kubernetes else None
         gateway = Gateway(resolved, store, default_model=default_model, record_token_ids=True,
-                          admin_token=secrets.token_urlsafe(32) if listen else None)
+                          admin_token=secrets.token_urlsafe(32) if listen else None, spend_limit=spend_limit)
         gateway_server = start_gateway(gateway, *listen) if listen else start_gateway(gateway)
         exits.callback(gateway_server.stop)
         yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved, embedded=embedded)

@@ -199,6 +199,10 @@ def test_racing_end_to_end_confirms_writes_best_config_and_reruns_from_cache(tmp
     best = yaml.safe_load((tmp_path / "agl.best.yaml").read_text())
     assert best["knobs"]["p"]["values"] == [0.95, 0.5, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
     assert "+    - 0.95" in doc["best_config"]["diff"]
+    # The study ends with its report, like eval and train.
+    html = Path(doc["report"]["html"]).read_text()
+    assert Path(doc["report"]["html"]).parent == Path(doc["study_dir"]) / "report" and "p=0.95" in html
+    assert "p=0.95" in Path(doc["report"]["md"]).read_text()
     # The test split was never seen by the search: no test-split rollout before the confirmation's.
     store = sqlite3.connect(Path(doc["study_dir"]) / "store.sqlite")
     splits = [row[0] for row in store.execute("SELECT split FROM rollouts ORDER BY rowid")]

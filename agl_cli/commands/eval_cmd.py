@@ -139,7 +139,13 @@ def execute_eval(
             )
     console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
     interrupted = False
-    with running_stack(spec, store, log=console.print) as stack:
+    spend_limit = None
+    if spec.budget.usd is not None:
+        from rl_backend.gateway.budget import SpendLimit
+
+        spent = sum(t["cost_usd"] for t in store.call_totals_by_rollout().values())
+        spend_limit = SpendLimit(spec.budget.usd, spent_usd=spent, hint="raise budget.usd in agl.yaml and resume the run")
+    with running_stack(spec, store, log=console.print, spend_limit=spend_limit) as stack:
         controller = make_controller(spec, run.run_id)
         runner = EvalRunner(spec, run, store, stack, controller)
         todo = runner.pending(plan)

@@ -172,6 +172,9 @@ def optimize_command(
         if json_output:
             print_json(report)
         raise typer.Exit(130)
+    from agl_cli.commands.eval_cmd import _write_report
+
+    report["report"] = _write_report(study.run)
     if json_output:
         print_json(report)
     else:

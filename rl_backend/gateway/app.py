@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from rl_backend.gateway.admin import AdminAPI
 from rl_backend.gateway.apis import build_exchange
+from rl_backend.gateway.budget import SpendLimit
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
@@ -75,6 +76,7 @@ class Gateway:
         retry: RetryPolicy | None = None,
         durable_before_reply: bool = True,
         pause_retry_after_s: float = 2.0,
+        spend_limit: SpendLimit | None = None,
     ) -> None:
         self.router = Router(upstreams, default_model)
         self.store = store
@@ -90,6 +92,7 @@ class Gateway:
             prices=PriceTable(prices),
             state=self.state,
             durable_before_reply=durable_before_reply,
+            spend=spend_limit,
         )
         self._rollouts: dict[str, RolloutEntry] = {}
         self._secrets = tuple(u.api_key for u in upstreams.values() if u.api_key)
@@ -152,6 +155,10 @@ class Gateway:
         self.state.paused = False
 
     @property
+    def spend_limit(self) -> SpendLimit | None:
+        return self.services.spend
+
+    @property
     def in_flight(self) -> int:
         return self.state.in_flight
 
@@ -177,6 +184,7 @@ class Gateway:
             "calls_recorded": self.writer.written,
             "rollouts": len(self._rollouts),
             "upstream_connections_opened": self.services.client.connections_opened,
+            "spend": self.services.spend.as_dict() if self.services.spend is not None else None,
         }
 
     # -- HTTP -----------------------------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ class UpstreamSpec(BaseModel):
     path: str | None = Field(default=None, description="replay: the JSONL recording to answer from")
     api: Literal["openai", "anthropic"] | None = Field(default=None, description="replay: the API the recording speaks")
     record_to: str | None = Field(default=None, description="append every response of this upstream to a JSONL file")
+    free: bool | None = Field(
+        default=None,
+        description="whether its calls cost nothing; default: embedded and loopback upstreams are free, others are "
+        "priced from the price table (set false for a local proxy in front of a paid API)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSpec:

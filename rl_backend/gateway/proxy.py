@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit
 from rl_backend.gateway.callrecord import Ending, build_record
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import Exchange
@@ -63,6 +64,7 @@ class Services:
     prices: PriceTable
     state: GatewayState
     durable_before_reply: bool = True
+    spend: SpendLimit | None = None  # the hard ceiling, when the run has a budget in USD
 
 
 class ProxyCall:
@@ -160,6 +162,10 @@ class ProxyCall:
 
     async def _run(self, send: Send) -> None:
         ex = self.exchange
+        refusal = self.services.spend.refuse(self.rollout_id) if self.services.spend is not None else None
+        if refusal is not None:
+            await self._fail(send, REFUSAL_STATUS, f"{REFUSAL_CODE}: {refusal}", refusal, code=REFUSAL_CODE)
+            return
         body = dumps(ex.upstream_body())
         try:
             opened = await self.services.client.open(ex.route, ex.path, body, ex.upstream_headers(self.agent_headers))
@@ -285,11 +291,11 @@ class ProxyCall:
             send, [*(tail or []), self.exchange.error_event(f"upstream failed mid-stream: {message}")], last=True
         )
 
-    async def _fail(self, send: Send, status: int, error: str, message: str) -> None:
+    async def _fail(self, send: Send, status: int, error: str, message: str, *, code: str | None = None) -> None:
         self.status = status
         self.error = error
         await self._commit()
-        await self._send_json(send, status, error_body(status, message, self.exchange.dialect))
+        await self._send_json(send, status, error_body(status, message, self.exchange.dialect, code=code))
 
     # -- sending --------------------------------------------------------------------------------------------------
 
@@ -346,4 +352,7 @@ class ProxyCall:
             ttft_s=self.ttft_s,
             model_version=self.services.state.model_version,
         )
-        return build_record(self.exchange, end, self.services.prices)
+        record = build_record(self.exchange, end, self.services.prices)
+        if self.services.spend is not None:  # built once per call (`recorded` guards it), so charged once
+            self.services.spend.charge(record.cost_usd)
+        return record
