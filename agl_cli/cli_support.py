@@ -19,12 +19,15 @@ def handle_errors(function: F) -> F:
         try:
             return function(*args, **kwargs)
         except AglError as exc:
+            from rich.markup import escape
+
             from agl_cli.console import stderr_console
 
             console = stderr_console()
-            console.print(f"[bold red]error:[/] {exc.message}", markup=True, highlight=False)
+            # Escaped: messages quote commands such as pip install 'agl[otel]', whose brackets are not markup.
+            console.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, highlight=False)
             if exc.hint:
-                console.print(f"[dim]hint:[/] {exc.hint}")
+                console.print(f"[dim]hint:[/] {escape(exc.hint)}")
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]

@@ -42,6 +42,23 @@ def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
     return value
 
 
+POLICY_URL_ENV = "AGL_POLICY_URL"
+
+
+def policy_upstream(name: str, upstream: Any, *, log: Any = None) -> ResolvedUpstream | None:
+    """With $AGL_POLICY_URL set, a `kind: embedded` upstream is the OpenAI-compatible server there (the trainer's
+    vLLM, which answers to the upstream's model name and returns token ids and logprobs) instead of a model loaded
+    in this process; None otherwise."""
+    url = os.environ.get(POLICY_URL_ENV)
+    if upstream.kind != "embedded" or not url:
+        return None
+    if log:
+        log(f"upstream {name!r} ({upstream.model}) is served by the policy server at ${POLICY_URL_ENV} = {url}, "
+            "not loaded in this process")
+    return ResolvedUpstream(name=name, api="openai", base_urls=[url.rstrip("/")], default_model=upstream.model,
+                            timeout_s=upstream.timeout_s, returns_token_ids=True)
+
+
 @contextlib.contextmanager
 def running_stack(
     spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None
@@ -50,7 +67,10 @@ def running_stack(
         resolved: dict[str, ResolvedUpstream] = {}
         embedded: dict[str, Any] = {}
         for name, upstream in spec.upstreams.items():
-            if upstream.kind == "embedded":
+            policy = policy_upstream(name, upstream, log=log)
+            if policy is not None:
+                resolved[name] = policy
+            elif upstream.kind == "embedded":
                 from rl_backend.serving.server import start_embedded_server
 
                 if log:

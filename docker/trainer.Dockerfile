@@ -30,7 +30,8 @@ RUN if command -v uv >/dev/null 2>&1; then \
         python3 -m pip install --no-cache-dir ".[k8s,verl]" "ray[default]"; \
     fi \
  && cd / && rm -rf /opt/agl-src \
- && agl --help >/dev/null
+ && agl --help >/dev/null \
+ && agl train agl.yaml --backend verl --help >/dev/null
 
 # The uid the manifests run as (templates/k8s/provision/: runAsUser 10001, fsGroup 10001 for the volumes).
 RUN groupadd --gid 10001 agl \

@@ -212,8 +212,11 @@ def test_with_kuberay_the_trainer_is_a_rayjob_and_is_up_with_its_head_and_worker
 def test_agl_train_routes_to_the_local_or_the_cluster_command(tmp_path: Path) -> None:
     config = write_project(tmp_path)
     runner = CliRunner()
-    local = runner.invoke(_app(), [str(config), "--backend", "verl"])
-    assert local.exit_code == 0 and json.loads(local.stdout) == {"local": str(config), "backend": "verl"}
+    local = runner.invoke(_app(), [str(config), "--backend", "torch"])  # the default backend's own name
+    assert local.exit_code == 0 and json.loads(local.stdout) == {"local": str(config), "backend": "embedded"}
+    # --backend verl is the trainer image's command (tests/test_verl_entry.py); this spec trains no embedded model
+    verl_run = runner.invoke(_app(), [str(config), "--backend", "verl", "--resume", "--dry-run"])
+    assert verl_run.exit_code == 2 and "kind: embedded" in verl_run.output
     cluster_run = runner.invoke(_app(), [str(config), "--on", "kubernetes", "--dry-run", "--json"])
     assert cluster_run.exit_code == 0 and json.loads(cluster_run.stdout)["outcome"] == "dry-run"
     assert "status" in runner.invoke(_app(), ["--help"]).stdout

@@ -109,6 +109,12 @@ def resolve_upstreams(
                 f"upstream {name!r} is `kind: {spec.kind}`, which `agl gateway serve` does not start",
                 hint=f"serve it yourself and point an openai-compatible upstream at it; kinds: {', '.join(_KINDS)}",
             )
+        from agl_cli.stack import policy_upstream
+
+        policy = policy_upstream(name, spec, log=log)
+        if policy is not None:  # in a cluster: the trainer serves the policy it trains ($AGL_POLICY_URL)
+            resolved[name] = policy
+            continue
         if spec.kind == "embedded":
             from rl_backend.serving.server import start_embedded_server
 
