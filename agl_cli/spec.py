@@ -136,6 +136,31 @@ class KnobSpec(_Strict):
         return list(self.values if self.values is not None else self.files or [])
 
 
+class ProposerSpec(_Strict):
+    """`proposer:`: the LLM that `agl optimize --strategy reflect` asks for new prompts, through the gateway."""
+
+    model: str = Field(description="upstream/model, the upstream declared under `upstreams:`")
+    knob: str | None = Field(default=None, description="the file-valued knob whose file the proposals replace")
+    rounds: int = Field(default=8, ge=1, le=500, description="proposals to request, one per round")
+    minibatch: int = Field(default=8, ge=0, description="tasks a proposal is screened on first (0: no screen)")
+    max_transcripts: int = Field(default=4, ge=1, le=50, description="failing transcripts shown per proposal")
+    max_transcript_chars: int = Field(default=4000, ge=200, description="each transcript is cut to this length")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="unset: the model's default")
+    max_tokens: int = Field(default=2048, ge=16, description="the proposer's reply length limit")
+    max_prompt_chars: int = Field(default=20000, ge=1, description="longer proposals are rejected")
+    seed: int = 0
+
+    @field_validator("model")
+    @classmethod
+    def _upstream_slash_model(cls, value: str) -> str:
+        head, sep, tail = value.partition("/")
+        if not (head and sep and tail):
+            raise ValueError(
+                f"write the proposer's model as upstream/model, e.g. openai/gpt-4.1-mini, found {value!r}"
+            )
+        return value
+
+
 class BudgetSpec(_Strict):
     usd: float | None = Field(default=None, ge=0)
     rollouts: int | None = Field(default=None, ge=1)
@@ -154,7 +179,7 @@ class ExperimentSpec(_Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     runner: Literal["local", "kubernetes"] = "local"
     kubernetes: KubernetesSpec | None = None
-    proposer: dict[str, Any] | None = None
+    proposer: ProposerSpec | None = None
 
     # Where the spec file lives; relative paths in it resolve from here. Not a YAML key.
     base_dir: Path = Field(default=Path("."), exclude=True)
@@ -181,6 +206,26 @@ class ExperimentSpec(_Strict):
                 )
         return self
 
+    def proposer_knob(self) -> str:
+        """The file-valued knob the reflect proposals replace: `proposer.knob`, else the spec's only one."""
+        file_knobs = [name for name, knob in self.knobs.items() if knob.files is not None]
+        named = self.proposer.knob if self.proposer is not None else None
+        if named is not None:
+            if named not in file_knobs:
+                raise ValueError(
+                    f"{named!r} is not a file-valued knob; the proposals replace a prompt file, so name one of: "
+                    + (", ".join(file_knobs) or "none (declare one with `files:` under `knobs:`)")
+                )
+            return named
+        if len(file_knobs) != 1:
+            raise ValueError(
+                f"the spec has {len(file_knobs)} file-valued knobs; say which one the proposals replace with "
+                "`proposer.knob`, one of: "
+                + (", ".join(file_knobs) or "none (declare one, e.g. knobs: {prompt: {files: [prompt.md], via: file, "
+                   "path: '{rollout_dir}/prompt.md'}})")
+            )
+        return file_knobs[0]
+
     def resolve(self, relative: str) -> Path:
         path = Path(relative).expanduser()
         return path if path.is_absolute() else (self.base_dir / path)
@@ -205,6 +250,26 @@ def _format_error(doc: YamlDocument, error: dict[str, Any]) -> str:
         return f"{where}: `{field}` is required but missing"
     found = "" if error["type"].startswith("value_error") else f" (found {_describe_input(error.get('input'))})"
     return f"{where}: `{field}`: {msg}{found}"
+
+
+def _check_proposer(doc: YamlDocument, spec: ExperimentSpec) -> None:
+    """The proposer's cross-references (its upstream, its knob), named by file, line and field."""
+    assert spec.proposer is not None
+    upstream = spec.proposer.model.partition("/")[0]
+    if upstream not in spec.upstreams:
+        line = doc.line_of(("proposer", "model"))
+        declared = ", ".join(spec.upstreams) or "none"
+        raise ConfigError(
+            f"{doc.path}:{line}: `proposer.model`: {spec.proposer.model!r} names upstream {upstream!r}, which is not "
+            f"in `upstreams` (declared: {declared})",
+            hint=f"declare it, e.g.  upstreams: {{{upstream}: {{kind: openai, api_key_env: OPENAI_API_KEY}}}}",
+        )
+    try:
+        spec.proposer_knob()
+    except ValueError as exc:
+        field = ("proposer", "knob") if spec.proposer.knob is not None else ("proposer",)
+        line = doc.line_of(field)
+        raise ConfigError(f"{doc.path}:{line}: `{'.'.join(field)}`: {exc}") from None
 
 
 def load_spec(path: Path | str) -> ExperimentSpec:
@@ -235,6 +300,8 @@ def load_spec(path: Path | str) -> ExperimentSpec:
                 f"{spec_path}:{line}: `upstreams.{upstream_name}.path`: {spec.resolve(str(upstream.path))} does not exist",
                 hint="record one by running against the live upstream with `record_to:` set on it",
             )
+    if spec.proposer is not None:
+        _check_proposer(doc, spec)
     for knob_name, knob in spec.knobs.items():
         for index, file_name in enumerate(knob.files or []):
             if not spec.resolve(file_name).is_file():

@@ -109,6 +109,46 @@ def test_bad_specs_name_line_field_and_fix(tmp_path: Path, needle: str, replacem
         assert fragment in message, message
 
 
+PROPOSER = "proposer:\n  model: local/smollm2-135m-instruct\n  rounds: 3\n"
+
+
+def test_proposer_is_typed_and_its_knob_defaults_to_the_only_file_knob(tmp_path: Path) -> None:
+    spec = load_spec(_folder(tmp_path, GOOD + PROPOSER))
+    assert spec.proposer is not None and spec.proposer.rounds == 3 and spec.proposer.minibatch == 8
+    assert spec.proposer.temperature is None and spec.proposer_knob() == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("addition", "expected"),
+    [
+        ("proposer:\n  model: remote/gpt-4.1-mini\n",
+         ["agl.yaml:22", "`proposer.model`", "names upstream 'remote'", "declared: local", "hint: declare it"]),
+        ("proposer:\n  model: gpt-4.1-mini\n", ["agl.yaml:22", "proposer.model", "upstream/model"]),
+        ("proposer:\n  model: local/m\n  knob: temperature\n",
+         ["agl.yaml:23", "`proposer.knob`", "'temperature' is not a file-valued knob", "one of: prompt"]),
+        ("proposer:\n  model: local/m\n  round: 3\n", ["agl.yaml:23", "`proposer.round` is not a key agl knows"]),
+        ("proposer:\n  model: local/m\n  rounds: 0\n", ["agl.yaml:23", "proposer.rounds", "greater than or equal"]),
+        ("proposer:\n  model: local/m\n  temperature: hot\n", ["agl.yaml:23", "proposer.temperature", "'hot'"]),
+        ("proposer: {}\n", ["agl.yaml:21", "`proposer.model` is required"]),
+    ],
+)
+def test_bad_proposer_names_line_field_and_fix(tmp_path: Path, addition: str, expected: list[str]) -> None:
+    message = _error(tmp_path, GOOD + addition)
+    for fragment in expected:
+        assert fragment in message, message
+
+
+def test_proposer_knob_must_be_named_when_ambiguous_or_missing(tmp_path: Path) -> None:
+    two = GOOD.replace("  max_turns: {values: [4, 8], via: env, name: AGENT_MAX_TURNS}",
+                       "  system_prompt: {files: [a.md], via: gateway}")
+    message = _error(tmp_path, two + PROPOSER)
+    assert "agl.yaml:21: `proposer`: the spec has 2 file-valued knobs" in message
+    assert "`proposer.knob`, one of: system_prompt, prompt" in message
+    assert load_spec(_folder(tmp_path, two + PROPOSER + "  knob: system_prompt\n")).proposer_knob() == "system_prompt"
+    none = GOOD.replace('  prompt: {files: [a.md, b.md], via: file, path: "{rollout_dir}/prompt.md"}\n', "")
+    assert "the spec has 0 file-valued knobs" in _error(tmp_path, none + PROPOSER)
+
+
 def test_missing_required_sections(tmp_path: Path) -> None:
     message = _error(tmp_path, "name: x\n")
     for field in ("`agent` is required", "`tasks` is required", "`grader` is required"):

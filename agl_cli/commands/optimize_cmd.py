@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 class Strategy(str, Enum):
     grid = "grid"
     racing = "racing"
+    reflect = "reflect"
 
 
 def _check_positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
@@ -45,9 +46,23 @@ def _print_projection(out: Console, doc: dict[str, Any]) -> None:
         out.print(line, markup=False)
     budget = doc["budget"]
     if budget["usd"] is not None or budget["rollouts"] is not None:
-        out.print(f"budget: ${budget['usd']} / {budget['rollouts']} rollouts (a hard ceiling: launching stops there)")
+        usd = "no USD limit" if budget["usd"] is None else f"${budget['usd']:g}"
+        rollouts = "no rollout limit" if budget["rollouts"] is None else f"{budget['rollouts']} rollouts"
+        out.print(f"budget: {usd}, {rollouts} (a hard ceiling: launching stops there)")
     if doc.get("pilot_study"):
         out.print(f"pilot kept in study {doc['pilot_study']}: `agl optimize --resume {doc['pilot_study']}` runs it")
+
+
+def _print_reflect(out: Console, reflect: dict[str, Any] | None) -> None:
+    if not reflect:
+        return
+    for p in reflect["proposals"]:
+        state = "accepted" if p["accepted"] else f"{p['status']}: {p['reason']}"
+        out.print(f"proposal {p['n']} (parent {p['parent']}): {p['variant'] or 'no variant'}, {state}", markup=False)
+    front = ", ".join(f"{m['name']} ({m['tasks_best']} tasks)" for m in reflect["pareto_front"])
+    out.print(f"reflect front: {front or '—'}; proposer spent ${reflect['proposer_cost_usd']:.4f}", markup=False)
+    if reflect.get("stopped"):
+        out.print(f"reflect stopped: {reflect['stopped']}", markup=False)
 
 
 def _print_report(out: Console, doc: dict[str, Any]) -> None:
@@ -79,6 +94,7 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
     for key in ("validation", "confirmation"):
         if doc.get(key):
             out.print(sentence(f"{key} ({doc[key]['split']})", doc[key]), markup=False)
+    _print_reflect(out, doc.get("reflect"))
     for message in doc.get("messages", []):
         out.print(f"note: {message}", markup=False)
     out.print(f"recommendation: {doc.get('recommendation')}", markup=False)
@@ -93,7 +109,7 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
 @handle_errors
 def optimize_command(
     config: Annotated[Optional[Path], typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,  # noqa: UP045
-    strategy: Annotated[Optional[Strategy], typer.Option(help="grid, or racing (default past 2 variants).")] = None,  # noqa: UP045
+    strategy: Annotated[Optional[Strategy], typer.Option(help="grid, racing (default past 2 variants), or reflect (an LLM proposer rewrites a prompt file; needs `proposer:` in agl.yaml).")] = None,  # noqa: UP045,E501
     variant: Annotated[Optional[list[str]], typer.Option("--variant", "-v", help="A candidate: knob=value[,knob=value]; repeatable.")] = None,  # noqa: UP045,E501
     candidate: Annotated[Optional[list[str]], typer.Option(help="A candidate file for a file-valued knob: PATH or knob=PATH.")] = None,  # noqa: UP045,E501
     grid: Annotated[bool, typer.Option("--grid", help="Every combination of the knobs' options (the default source).")] = False,  # noqa: E501
@@ -107,6 +123,8 @@ def optimize_command(
     search_split: Annotated[str, typer.Option(help="The split the search runs on.")] = "val",
     confirm_split: Annotated[str, typer.Option(help="The held-out split the winner is confirmed on.")] = "test",
     first_batch: Annotated[Optional[int], typer.Option(help="Racing: tasks in the first round (default 1/16, >= 8).")] = None,  # noqa: UP045,E501
+    limit: Annotated[Optional[int], typer.Option(help="Search on a seeded sample of N tasks of the search split.")] = None,  # noqa: UP045,E501
+    confirm_limit: Annotated[Optional[int], typer.Option(help="Confirm on a seeded sample of N held-out tasks.")] = None,  # noqa: UP045,E501
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not reuse rollouts of earlier runs.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Project rollouts, tokens, cost and time; run nothing big.")] = False,  # noqa: E501
     pilot: Annotated[int, typer.Option(help="--dry-run without history: pilot this many baseline tasks (0: none).")] = 3,
@@ -126,10 +144,13 @@ def optimize_command(
     _check_positive("--max-cost-per-task", max_cost_per_task, allow_zero=True)
     _check_positive("--max-p95-latency", max_p95_latency)
     _check_positive("--first-batch", first_batch)
+    _check_positive("--limit", limit)
+    _check_positive("--confirm-limit", confirm_limit)
     _check_positive("--pilot", pilot, allow_zero=True)
     console = stderr_console()
     if resume is not None:
-        chosen = [config, strategy, variant, candidate, sample, max_cost_per_task, max_p95_latency, seeds, first_batch]
+        chosen = [config, strategy, variant, candidate, sample, max_cost_per_task, max_p95_latency, seeds, first_batch,
+                  limit, confirm_limit]
         if any(x for x in chosen) or grid or dry_run or search_split != "val" or confirm_split != "test":
             raise UsageError("--resume STUDY takes no spec or search options, only --budget-usd and --max-rollouts: "
                              "the study has the rest")
@@ -147,6 +168,7 @@ def optimize_command(
             sample_seed=sample_seed, budget_usd=budget_usd, max_rollouts=max_rollouts,
             max_cost_per_task=max_cost_per_task, max_p95_latency=max_p95_latency, seeds=seeds,
             search_split=search_split, confirm_split=confirm_split, first_batch=first_batch, no_cache=no_cache,
+            limit=limit, confirm_limit=confirm_limit,
         )
         study = prepare(config, options, list(candidate or []), Path.cwd())
         use_cache = not no_cache

@@ -2,6 +2,9 @@
 
 - `space`: which variants to try (baseline, explicit, grid, seeded sample, candidate files);
 - `racing`: the racing strategy's pure logic (schedule, drop rule), shared by the CLI and the benchmark;
+- `reflect`: the reflect strategy (an LLM proposer rewrites a prompt file; kept only when `better` than its parent),
+  with `proposer` (the request from failing transcripts, the call through the gateway) and `pareto` (the per-task
+  front its parents are drawn from);
 - `objectives`: per-variant accuracy, cost, latency, pass^k; Pareto front; the choice under constraints;
 - `cache`: the agent version and reuse of finished rollouts from earlier runs;
 - `study`: the study directory, its budget ledger and the runner that respects it;

@@ -80,6 +80,7 @@ class StudyEngine:
         self.constraints = Constraints(self.options.max_cost_per_task, self.options.max_p95_latency)
         self.by_name = {v.name: v for v in study.variants}
         self.rounds: list[dict[str, Any]] = []
+        self.reflect: dict[str, Any] | None = None  # the reflect strategy's proposals and front
 
     # -- callbacks for the search ----------------------------------------------------------------------------
 
@@ -110,6 +111,8 @@ class StudyEngine:
         if self.study.strategy == "grid":
             completed = run_batch(names, list(tasks))
             return names, not completed
+        if self.study.strategy == "reflect":
+            return self._reflect(store, executor)
 
         def on_round(r: Round) -> None:
             self.console.print(describe_round(r) + f" | {executor.ledger.describe()}")
@@ -120,6 +123,18 @@ class StudyEngine:
             names, list(tasks), run_batch, lambda: self._read_scores(store), first=self.options.first_batch,
             infeasible=lambda s, t: self._infeasible(store, s, t), on_round=on_round,
         )
+        return result.survivors, result.stopped_for_budget
+
+    def _reflect(self, store: RunStore, executor: Executor) -> tuple[list[str], bool]:
+        from agl_cli.optimize.reflect import ReflectSearch
+
+        def on_round(doc: dict[str, Any]) -> None:
+            self.rounds.append(doc)
+            store.set_meta(ROUNDS_META, self.rounds)
+
+        result = ReflectSearch(self.study, store, executor, self.console, on_round=on_round).run()
+        self.by_name = {v.name: v for v in self.study.variants}  # the proposals joined the study's variants
+        self.reflect = result.doc
         return result.survivors, result.stopped_for_budget
 
     def run(self, store: RunStore, executor: Executor, ledger: Ledger) -> dict[str, Any]:
@@ -141,6 +156,8 @@ class StudyEngine:
             "pareto_front": front, "variants": self._variant_rows(metrics, survivors, front), "note": note,
             "winner": None, "validation": None, "confirmation": None, "best_config": None, "messages": [],
         }
+        if self.reflect is not None:
+            report["reflect"] = self.reflect
         messages: list[str] = report["messages"]
         if note:
             messages.append(note)

@@ -69,6 +69,9 @@ def project(study: Study, rows: list[dict[str, float]], source: str, cached: int
         "grid": grid + confirm,
         "racing_at_least": v * first * s + confirm if study.strategy == "racing" else None,
         "racing_at_most": grid + confirm if study.strategy == "racing" else None,
+        # reflect: at worst every proposal runs on every search task (the proposer's own calls come on top)
+        "reflect_at_most": (v + study.spec.proposer.rounds) * n_search * s + confirm
+        if study.strategy == "reflect" and study.spec.proposer is not None else None,
     }
     per = _per_rollout(rows)
     concurrency = study.spec.concurrency

@@ -25,11 +25,12 @@ from agl_cli.optimize.space import (
 from agl_cli.rundir import RunDir, find_run, git_sha, runs_root
 from agl_cli.spec import ExperimentSpec, load_spec
 from agl_cli.tasks import Task, load_tasks, select_tasks, task_set_hash
-from agl_cli.variants import Variant
+from agl_cli.variants import Variant, baseline
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 
 KIND = "study"
+PROPOSER_SCOPE = "proposer-"  # the gateway scope (in place of a rollout id) of the reflect proposer's calls
 
 
 @dataclass
@@ -50,6 +51,8 @@ class StudyOptions:
     search_split: str = "val"
     confirm_split: str = "test"
     first_batch: int | None = None
+    limit: int | None = None  # search on the first N tasks of the (shuffled) search split
+    confirm_limit: int | None = None  # confirm on the first N tasks of the held-out split
     order_seed: int = 0
     no_cache: bool = False
 
@@ -92,7 +95,10 @@ def _split_tasks(spec: ExperimentSpec, options: StudyOptions) -> tuple[list[Task
     confirm = select_tasks(tasks, split=options.confirm_split, limit=None)
     order = sorted(search, key=lambda t: t.id)
     random.Random(options.order_seed).shuffle(order)  # racing's growing prefix must be a random sample
-    return order, confirm
+    # Both limits take a seeded random sample, not the file's first lines (which may be the easy ones).
+    held_out = sorted(confirm, key=lambda t: t.id)
+    random.Random(options.order_seed + 1).shuffle(held_out)
+    return order[: options.limit], held_out[: options.confirm_limit]
 
 
 def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd: Path) -> Study:
@@ -102,11 +108,20 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
     candidates = [parse_candidate(spec, text, cwd) for text in candidate_texts]
     options.candidates = [c.as_dict() for c in candidates]
     working = with_candidates(spec, candidates)
-    variants = build_variants(
-        working, explicit=options.variants, candidates=candidates, use_grid=options.grid,
-        sample=options.sample, sample_seed=options.sample_seed,
-    )
-    if len(variants) < 2:
+    reflect = options.strategy == "reflect"
+    if reflect:
+        from agl_cli.optimize.reflect import reflect_settings
+
+        reflect_settings(working)  # without a proposer: a usage error showing the YAML to add
+    if reflect and not (options.variants or candidates or options.sample is not None or options.grid):
+        # reflect writes its own candidates: it starts from the baseline alone unless given others to start from
+        variants = [baseline(working)]
+    else:
+        variants = build_variants(
+            working, explicit=options.variants, candidates=candidates, use_grid=options.grid,
+            sample=options.sample, sample_seed=options.sample_seed,
+        )
+    if len(variants) < 2 and not reflect:
         raise UsageError(
             "nothing to optimize: only the baseline is left to try",
             hint="give the spec knobs with several options, or name candidates with --variant or --candidate",
@@ -193,9 +208,11 @@ class Ledger:
     def refresh(self) -> None:
         imported = imported_ids(self.store)
         totals = self.store.call_totals_by_rollout()
-        own = [t["cost_usd"] for rid, t in totals.items() if rid not in imported]
-        self.spent_usd = float(sum(own))
-        self.mean_cost = self.spent_usd / self.launched if self.launched else 0.0
+        own = {rid: t["cost_usd"] for rid, t in totals.items() if rid not in imported}
+        self.spent_usd = float(sum(own.values()))
+        # The reflect proposer's calls are spent, but are no rollout's: they must not inflate the reserve per rollout.
+        rollouts_usd = sum(cost for rid, cost in own.items() if not rid.startswith(PROPOSER_SCOPE))
+        self.mean_cost = rollouts_usd / self.launched if self.launched else 0.0
 
     @property
     def reserve_rollouts(self) -> int:
