@@ -283,8 +283,10 @@ def test_reflect_keeps_the_good_proposal_rejects_the_bad_and_writes_the_winner(t
     # Then the usual flow: the kept proposal wins, is confirmed on test, and becomes agl.best.yaml.
     assert doc["winner"]["name"] == "prompt=reflect-4" and doc["confirmation"]["verdict"] == "better"
     best = yaml.safe_load((tmp_path / "agl.best.yaml").read_text())
-    assert best["knobs"]["prompt"]["files"][0].endswith("proposals/reflect-4.md")
-    assert best["knobs"]["prompt"]["files"][1] == "prompts/base.md"
+    # The kept prompt is copied beside agl.best.yaml: the config outlives the study's folder.
+    assert best["knobs"]["prompt"]["files"][:2] == ["agl.best/reflect-4.md", "prompts/base.md"]
+    proposal = Path(doc["study_dir"]) / "proposals" / "reflect-4.md"
+    assert (tmp_path / "agl.best" / "reflect-4.md").read_text() == proposal.read_text()
     rows = {r["name"]: r for r in doc["variants"]}
     assert rows["prompt=reflect-1"]["status"] == "dropped" and rows["prompt=reflect-4"]["status"] == "survived"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from agl_cli.spec import ExperimentSpec
 from agl_cli.variants import Variant
 
 BEST_NAME = "agl.best.yaml"
+BEST_FILES = "agl.best"  # the winner's files that came from a study's folder, copied beside agl.best.yaml
 
 
 def _as_written(spec: ExperimentSpec, option: Any, is_file: bool) -> Any:
@@ -45,20 +47,72 @@ def knob_changes(spec: ExperimentSpec, base: Variant, winner: Variant) -> dict[s
     return changes
 
 
-def render_best(spec_path: Path, spec: ExperimentSpec, winner: Variant, *, header: str) -> tuple[str, str]:
-    """(the new config's text, its unified diff against the spec file)."""
-    original = spec_path.read_text()
-    raw = yaml.safe_load(original)
+def _option_spans(text: str, names: list[str]) -> dict[str, tuple[int, int, int | None]]:
+    """Where in the spec's text each named knob's option list sits (character offsets), and for a block list the
+    column its items start at (None for a flow list)."""
+    spans: dict[str, tuple[int, int, int | None]] = {}
+    root = yaml.compose(text)
+    knobs = next((v for k, v in root.value if k.value == "knobs"), None) if isinstance(root, yaml.MappingNode) else None
+    for key, knob in knobs.value if isinstance(knobs, yaml.MappingNode) else []:
+        if key.value not in names or not isinstance(knob, yaml.MappingNode):
+            continue
+        for field, options in knob.value:
+            if field.value in ("files", "values") and isinstance(options, yaml.SequenceNode):
+                start, end = options.start_mark.index, options.end_mark.index
+                # A block list's end mark can run into the next key's indentation: keep that whitespace.
+                column = None if options.flow_style else options.start_mark.column
+                spans[key.value] = (start, start + len(text[start:end].rstrip()), column)
+    return spans
+
+
+def _reordered(spec: ExperimentSpec, raw: dict[str, Any], winner: Variant) -> dict[str, list[Any]]:
+    """knob -> its options with the winner's first, as the spec writes them."""
+    lists = {}
     for name, option in winner.settings.items():
         knob = raw["knobs"][name]
         is_file = "files" in knob
-        key = "files" if is_file else "values"
-        options = list(knob.get(key) or [])
-        written = _as_written(spec, option, is_file)
-        options = [o for o in options if not _same(spec, o, option, is_file)]
-        knob[key] = [written, *options]
+        options = list(knob.get("files" if is_file else "values") or [])
+        rest = [o for o in options if not _same(spec, o, option, is_file)]
+        lists[name] = [_as_written(spec, option, is_file), *rest]
+    return lists
+
+
+def _render_list(options: list[Any], column: int | None) -> str:
+    """The list in the style it was written in: `[a, b]`, or block items `- a` at the original column."""
+    if column is None:
+        return yaml.safe_dump(options, default_flow_style=True, allow_unicode=True, width=10**6).strip()
+    items = [yaml.safe_dump([o], default_flow_style=False, allow_unicode=True, width=10**6).strip() for o in options]
+    return ("\n" + " " * column).join(items)
+
+
+def _with_lists(raw: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str, Any]:
+    for name, options in lists.items():
+        raw["knobs"][name]["files" if "files" in raw["knobs"][name] else "values"] = options
+    return raw
+
+
+def render_best(spec_path: Path, spec: ExperimentSpec, winner: Variant, *, header: str) -> tuple[str, str]:
+    """(the new config's text, its unified diff against the spec file).
+
+    The spec's own text is kept — comments, layout, quoting — and only the reordered option lists are rewritten,
+    so the diff shows what changed and nothing else. A spec whose layout defeats that (anchors, say) is dumped
+    whole instead."""
+    original = spec_path.read_text()
+    raw = yaml.safe_load(original)
+    lists = _reordered(spec, raw, winner)
     comment = "".join(f"# {line}\n" for line in header.splitlines())
-    text = comment + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
+    try:
+        spans = _option_spans(original, list(lists))
+        if set(spans) != set(lists):
+            raise ValueError("an option list was not found in the text")
+        body = original
+        for name, (start, end, column) in sorted(spans.items(), key=lambda item: item[1][0], reverse=True):
+            body = body[:start] + _render_list(lists[name], column) + body[end:]
+        if yaml.safe_load(body) != _with_lists(yaml.safe_load(original), lists):
+            raise ValueError("the edited text does not read back as intended")
+    except (yaml.YAMLError, ValueError, KeyError, AttributeError, TypeError):
+        body = yaml.safe_dump(_with_lists(raw, lists), sort_keys=False, allow_unicode=True)
+    text = comment + body
     diff = "".join(difflib.unified_diff(
         original.splitlines(keepends=True), text.splitlines(keepends=True),
         fromfile=spec_path.name, tofile=BEST_NAME,
@@ -66,7 +120,27 @@ def render_best(spec_path: Path, spec: ExperimentSpec, winner: Variant, *, heade
     return text, diff
 
 
-def write_best(spec_path: Path, spec: ExperimentSpec, winner: Variant, *, header: str) -> tuple[Path, str]:
+def _keep_files(spec_path: Path, spec: ExperimentSpec, winner: Variant, inside: Path) -> Variant:
+    """The winner with its file options that live under `inside` (a study's own folder, such as reflect's
+    proposals) copied next to the config, so agl.best.yaml outlives the study's folder."""
+    settings = dict(winner.settings)
+    for name, option in winner.settings.items():
+        if spec.knobs[name].files is None:
+            continue
+        source = spec.resolve(str(option)).resolve()
+        if not source.is_relative_to(inside.resolve()):
+            continue
+        target = spec_path.parent / BEST_FILES / source.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        settings[name] = f"{BEST_FILES}/{source.name}"
+    return Variant(winner.name, settings, winner.hash)
+
+
+def write_best(spec_path: Path, spec: ExperimentSpec, winner: Variant, *, header: str,
+               study_dir: Path | None = None) -> tuple[Path, str]:
+    if study_dir is not None:
+        winner = _keep_files(spec_path, spec, winner, study_dir)
     text, diff = render_best(spec_path, spec, winner, header=header)
     target = spec_path.parent / BEST_NAME
     tmp = target.with_suffix(".tmp")

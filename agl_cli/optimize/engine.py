@@ -185,7 +185,8 @@ class StudyEngine:
             f"over {confirmation.n_tasks} tasks; recommendation: {report['recommendation']}.\n"
             "Each knob's winning option is first, so it is this config's baseline."
         )
-        path, diff = write_best(study.spec_path, study.spec, self.by_name[winner], header=header)
+        path, diff = write_best(study.spec_path, study.spec, self.by_name[winner], header=header,
+                                study_dir=study.run.path)
         report["best_config"] = {"path": str(path), "diff": diff}
         (study.run.path / "best.diff").write_text(diff)
         return self._finish(report, budget_hit)
