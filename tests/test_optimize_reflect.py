@@ -287,6 +287,9 @@ def test_reflect_keeps_the_good_proposal_rejects_the_bad_and_writes_the_winner(t
     assert best["knobs"]["prompt"]["files"][:2] == ["agl.best/reflect-4.md", "prompts/base.md"]
     proposal = Path(doc["study_dir"]) / "proposals" / "reflect-4.md"
     assert (tmp_path / "agl.best" / "reflect-4.md").read_text() == proposal.read_text()
+    # The study's report lists every proposal with its verdict against its parent.
+    report_md = Path(doc["report"]["md"]).read_text()
+    assert "Proposals by" in report_md and "reflect-4" in report_md and "accepted" in report_md
     rows = {r["name"]: r for r in doc["variants"]}
     assert rows["prompt=reflect-1"]["status"] == "dropped" and rows["prompt=reflect-4"]["status"] == "survived"
 

@@ -110,6 +110,28 @@ def _comparison_rows(data: RunData) -> Table | None:
     )
 
 
+def _reflect_table(data: RunData) -> Table | None:
+    """A reflect study's proposals: each one's parent, how it did against it, and why it was kept or not."""
+    doc = (data.study or {}).get("reflect")
+    if not isinstance(doc, dict) or not doc.get("proposals"):
+        return None
+    rows: list[list[Cell | str]] = []
+    for p in doc["proposals"]:
+        n_tasks = p.get("n_tasks")
+        rows.append([
+            str(p.get("n")), p.get("variant") or "—", p.get("parent") or "—", p.get("status") or "—",
+            str(n_tasks) if n_tasks is not None else "—", points(p.get("difference"), p.get("ci95")),
+            p.get("verdict") or "—", usd(p.get("cost_usd")), p.get("reason") or "",
+        ])
+    return _table(
+        f"Proposals by {doc.get('proposer', 'the proposer')} (reflect)",
+        [("#", "r"), ("variant", "l"), ("parent", "l"), ("status", "l"), ("tasks", "r"),
+         ("vs parent [95% CI]", "r"), ("verdict", "l"), ("proposer cost", "r"), ("why", "l")],
+        rows, f"A proposal is kept only when the paired rule calls it better than its parent (alpha "
+              f"{float(doc.get('alpha', 0.05)):.3g}); parents are drawn from the per-task Pareto front.",
+    )
+
+
 def _links(ids: list[str], seeds: list[int], prefix: str, included: set[str]) -> list[tuple[str, str]]:
     return [(f"{prefix} s{seed}" if len(ids) > 1 else prefix, anchor(rid))
             for rid, seed in zip(ids, seeds, strict=True) if rid in included]
@@ -228,6 +250,7 @@ def build(data: RunData) -> dict[str, Any]:
         "pareto_plots": plots.pareto(data.primary),
         "variant_tables": [_variant_table(s, data.seeds, study_rows) for s in data.sections if s.rows],
         "knob_table": _knob_table(data),
+        "reflect_table": _reflect_table(data),
         "comparison_table": _comparison_rows(data),
         "flips": _flip_table(data, included),
         "failure_table": failure_table, "failure_examples": examples,
