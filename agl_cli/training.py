@@ -13,7 +13,7 @@ import asyncio
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,10 @@ class TrainOptions:
     heldout_split: str = "val"
     heldout_limit: int = 40
     keep_checkpoints: int = 2
+    loop: str = "sync"  # sync | collocated-async (agl_cli/train_async.py)
+    max_staleness: int = 1  # collocated-async: a rollout served by weights more updates old is not trained on
+    track: list[str] = field(default_factory=list)  # experiment trackers (rl_backend/trainer/trackers.py)
+    backend: str = "torch"  # torch: this machine (rl_backend.trainer.torch_backend); verl: GPUs (agl train --backend verl)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,12 +127,22 @@ class Trainer:
         model = self.spec.upstreams[self.upstream].model
         return TorchTrainer.from_pretrained(resolve_model_dir(str(model)), config)
 
+    def _engine(self, stack: Stack) -> Any:
+        """Where new weights go (the embedded server's engine); the verl backend serves them with vLLM instead."""
+        if self.upstream not in stack.embedded:
+            raise ConfigError(
+                f"upstream {self.upstream!r} is not served in this process (${'AGL_POLICY_URL'} points it elsewhere), "
+                "and the torch backend trains the weights of a model it serves itself",
+                hint="unset AGL_POLICY_URL, or train with --backend verl on a GPU machine",
+            )
+        return stack.embedded[self.upstream].engine
+
     def _evaluate(self, runner: EvalRunner, plan: list[PlannedRollout]) -> None:
         asyncio.run(run_then_close(runner.controller, lambda: runner.run(plan)))
 
     def run(self, on_step: Callable[[Any], None]) -> dict[str, Any]:
         from rl_backend.trainer.curves import read_curve
-        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, latest_checkpoint
+        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, latest_checkpoint, restore_missing_step
 
         before, during = phase_variants(self.spec)
         checkpoints = self.run_dir.path / "checkpoints"
@@ -136,11 +150,12 @@ class Trainer:
         for variant in (before, during):
             store.upsert_variant(variant.name, variant.hash, variant.settings)
         with running_stack(self.spec, store, log=self.log) as stack:
-            engine = stack.embedded[self.upstream].engine
+            engine = self._engine(stack)
             evaluator = self._runner(stack, store, overrides=None)
             self.log(f"held-out {self.options.heldout_split} split before training: {len(self.heldout)} tasks")
             self._evaluate(evaluator, make_plan([before], self.heldout, 1))
             trainer = self._trainer(checkpoints)
+            restore_missing_step(store, checkpoints)  # killed between a checkpoint and its row
             done = len(read_curve(store))
             sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
 
@@ -154,7 +169,17 @@ class Trainer:
                 config=LoopConfig(iterations=max(0, self.options.steps - done), checkpoint_dir=checkpoints,
                                   keep_checkpoints=self.options.keep_checkpoints),
             )
-            loop.run()
+            if self.options.loop == "collocated-async":
+                from agl_cli.train_async import train_collocated_async
+
+                train_collocated_async(
+                    loop, runner=sampler, gateway=stack.gateway, tasks=self.train_tasks, variant=during,
+                    group_size=self.options.group_size, groups_per_step=min(self.options.tasks_per_step,
+                                                                            len(self.train_tasks)),
+                    max_staleness=self.options.max_staleness, iterations=max(0, self.options.steps - done),
+                    concurrency=self.spec.concurrency)
+            else:
+                loop.run()
             after = after_variant(self.spec, trainer.step)
             store.upsert_variant(after.name, after.hash, after.settings)
             self.log(f"held-out {self.options.heldout_split} split after training ({after.name})")
@@ -179,7 +204,8 @@ class Trainer:
         lines = [
             json.dumps({"step": c.step, "reward": c.reward_mean, "pass_rate": c.pass_rate, "entropy": c.entropy,
                         "kl": c.kl, "tokens_per_s": c.tokens_per_s, "rollouts_per_min": c.rollouts_per_min,
-                        "staleness": c.staleness_mean, "updated": c.updated})
+                        "staleness": c.staleness_mean, "staleness_max": c.staleness_max,
+                        "stale": c.metrics.get("stale", 0), "wall_s": c.metrics.get("wall_s"), "updated": c.updated})
             for c in curve
         ]
         (self.run_dir.path / "train_metrics.jsonl").write_text("".join(line + "\n" for line in lines))

@@ -59,6 +59,26 @@ def _before_after(run: RunDir, after_name: str) -> dict[str, Any] | None:
     return doc
 
 
+def _check_track(track: str | None) -> list[str] | None:
+    from agl_cli.errors import UsageError
+    from rl_backend.trainer.trackers import TrackerError, parse_trackers
+
+    if track is None:
+        return None
+    try:
+        return parse_trackers(track)
+    except TrackerError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _open_trackers(names: list[str], run: RunDir) -> Any:
+    from rl_backend.trainer.trackers import open_trackers
+
+    manifest = run.manifest()
+    return open_trackers(_check_track(",".join(names)) or [], run_dir=run.path, run_id=run.run_id,
+                         name=f"{manifest.get('spec_name', 'agl')}-{run.run_id}", config=manifest.get("options", {}))
+
+
 @handle_errors
 def train_command(
     config: Annotated[Path | None, typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,
@@ -76,7 +96,16 @@ def train_command(
     train_split: Annotated[str, typer.Option(help="The split trained on.")] = "train",
     heldout_split: Annotated[str, typer.Option(help="The split judged on, before and after.")] = "val",
     heldout_limit: Annotated[int, typer.Option(help="Held-out tasks evaluated before and after.")] = 40,
-    loop: Annotated[str, typer.Option(help="sync: collect a batch, update, serve the new weights.")] = "sync",
+    loop: Annotated[str, typer.Option(
+        help="sync: collect a batch, update, serve the new weights. collocated-async: rollouts keep running; the "
+             "gateway pauses (calls held) only while the policy updates on the same device.")] = "sync",
+    max_staleness: Annotated[int, typer.Option(
+        help="collocated-async: rollouts whose calls were served by weights more than this many updates old are "
+             "not trained on.")] = 1,
+    track: Annotated[str | None, typer.Option(
+        help="Log each step's curves to experiment trackers, comma-separated: tensorboard (<run>/tensorboard), "
+             "wandb (honours WANDB_* variables: WANDB_PROJECT, WANDB_MODE=offline, WANDB_DIR...), mlflow "
+             "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME).")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this training run from its last checkpoint.")] = None,
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
@@ -88,14 +117,20 @@ def train_command(
     from agl_cli.training import TRAINED_DIR, Trainer, TrainOptions
 
     console = stderr_console()
-    if loop != "sync":
-        raise UsageError(f"--loop {loop}: only `sync` is available in this version")
+    if loop not in ("sync", "collocated-async"):
+        raise UsageError(f"--loop {loop}: use sync or collocated-async")
+    if max_staleness < 0:
+        raise UsageError(f"--max-staleness must be 0 or more, got {max_staleness}")
+    trackers = _check_track(track)
     if resume is not None:
         if config is not None:
             raise UsageError("--resume RUN takes no spec: the run has it")
         spec, run, options = _resume(resume, runs_dir)
         if steps is not None:
             options.steps = steps
+        if trackers is not None:
+            options.track = trackers
+        if steps is not None or trackers is not None:
             manifest = run.manifest()
             manifest["options"] = options.as_dict()
             run.write_manifest(manifest)
@@ -111,7 +146,8 @@ def train_command(
             raise UsageError("--group-size must be at least 2: a group of one rollout has no advantage to learn from")
         options = TrainOptions(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
                                temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef,
-                               train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit)
+                               train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit,
+                               loop=loop, max_staleness=max_staleness, track=trackers or [])
         if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
             raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
         spec, run = _new_run(config, options, runs_dir)
@@ -121,11 +157,16 @@ def train_command(
     console.print(f"training run {run.run_id}: {options.steps} updates × {options.tasks_per_step} tasks × "
                   f"{options.group_size} rollouts; held-out {len(heldout)} {options.heldout_split} tasks")
 
+    tracking = _open_trackers(options.track, run)
+
     def on_step(record: Any) -> None:
+        tracking.log(record)
         reward = "—" if record.reward_mean is None else f"{record.reward_mean:.2f}"
         console.print(f"step {record.step}: reward {reward}, trained {record.trained_rollouts}/{record.rollouts} "
                       f"rollouts, loss {record.loss if record.loss is not None else '—'}, "
                       f"entropy {record.entropy if record.entropy is not None else '—'}"
+                      + (f", staleness max {record.staleness_max}, {record.metrics.get('stale', 0)} stale dropped"
+                         if record.metrics.get("loop") == "collocated-async" else "")
                       + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
 
     trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
@@ -134,6 +175,8 @@ def train_command(
     except KeyboardInterrupt:
         console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
         raise typer.Exit(130) from None
+    finally:
+        tracking.close()
     comparison = _before_after(run, outcome["after_variant"])
     manifest = run.manifest()
     manifest["status"] = "completed"

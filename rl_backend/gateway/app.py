@@ -84,6 +84,8 @@ class Gateway:
         self.record_token_ids = record_token_ids
         self.max_body_bytes = max_body_bytes
         self.pause_retry_after_s = pause_retry_after_s
+        self.pause_hold_s = 0.0  # set by pause(hold_s=...)
+        self.calls_held = 0  # calls that arrived during a pause and waited for the resume
         self.state = GatewayState()
         self.writer = RecordWriter(store)
         self.services = Services(
@@ -145,8 +147,11 @@ class Gateway:
 
     # -- pause, resume, state (Python side, for an in-process trainer) --------------------------------------------
 
-    def pause(self) -> None:
-        """New calls get 429 with Retry-After; calls in flight finish."""
+    def pause(self, hold_s: float = 0.0) -> None:
+        """New calls get 429 with Retry-After; calls in flight finish. With `hold_s`, a new call first waits up to
+        that long for resume(): an agent whose SDK gives up on 429 after a few seconds (the OpenAI SDK retries twice)
+        never sees a pause as short as a training step."""
+        self.pause_hold_s = hold_s
         self.state.paused = True
 
     def resume(self, model_version: str | None = None) -> None:
@@ -157,6 +162,16 @@ class Gateway:
     @property
     def spend_limit(self) -> SpendLimit | None:
         return self.services.spend
+
+    async def _held_until_resumed(self) -> bool:
+        # Polled, not an event: pause() and resume() are called from the trainer's thread, not this loop.
+        if self.pause_hold_s <= 0:
+            return False
+        self.calls_held += 1
+        deadline = time.monotonic() + self.pause_hold_s
+        while self.state.paused and time.monotonic() < deadline:
+            await anyio.sleep(0.01)
+        return not self.state.paused
 
     @property
     def in_flight(self) -> int:
@@ -255,7 +270,7 @@ class Gateway:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             entry = self._authorize(rollout_id, _scope_token(headers))
-            if self.state.paused:
+            if self.state.paused and not await self._held_until_resumed():
                 raise GatewayError(
                     429,
                     "the gateway is paused while the model is updated; retry shortly",

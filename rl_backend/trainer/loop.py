@@ -8,16 +8,19 @@ Each iteration:
   4. the new weights go to the serving engine (`load_state_dict(state_dict, version)`) as version `step-<n>`, so the
      next batch samples from them,
   5. a checkpoint (kept: the last `keep_checkpoints`) and one `train_steps` row in the store (curves.py).
+Steps 2-5 are `TrainingLoop.train_on(rollout_ids)`, which the collocated-async loop (async_loop.py) shares.
 
 Nothing is in flight while training (run_batch has returned), so the sync loop's staleness is 0; it is measured from
 the calls' recorded model versions anyway, which catches an engine that was not updated.
 
 Resume: `TorchTrainer.from_checkpoint(latest_checkpoint(dir))`, then a new TrainingLoop; on start the loop pushes the
-trainer's weights to the engine when the engine serves another version.
+trainer's weights to the engine when the engine serves another version. A checkpoint holds its step's record, so a
+kill between the checkpoint and the store's row is repaired by `restore_missing_step` before resuming.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -30,7 +33,7 @@ from typing import Any, Protocol
 from rl_backend.store.records import Rollout
 from rl_backend.trainer.advantage import Singletons, grpo_advantages
 from rl_backend.trainer.batch import make_batch
-from rl_backend.trainer.curves import StepRecord, record_step
+from rl_backend.trainer.curves import StepRecord, read_curve, record_step
 from rl_backend.trainer.trajectory import MergeMode, RolloutTrajectory, default_group, trajectories_from_store
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,25 @@ def latest_checkpoint(directory: Path) -> Path | None:
     found = [(version_step(p.name), p) for p in directory.glob("step-*") if (p / "trainer_state.json").is_file()]
     steps = [(s, p) for s, p in found if s is not None]
     return max(steps)[1] if steps else None
+
+
+def restore_missing_step(store: Any, directory: Path) -> StepRecord | None:
+    """Write the `train_steps` row of the newest checkpoint when the store lacks it (the process died between the
+    checkpoint and the row); returns the restored record, or None when nothing was missing."""
+    latest = latest_checkpoint(directory)
+    if latest is None:
+        return None
+    state = json.loads((latest / "trainer_state.json").read_text())
+    saved = state.get("step_record")
+    if not isinstance(saved, dict):
+        return None  # an older checkpoint without its record: nothing to restore from
+    if any(r.updated and r.step == saved["step"] for r in read_curve(store)):
+        return None
+    record = StepRecord(**saved)
+    record.metrics["restored_from_checkpoint"] = True
+    record_step(store, record)
+    log.warning("restored the record of step %d from checkpoint %s", record.step, latest.name)
+    return record
 
 
 @dataclass
@@ -128,27 +150,47 @@ class TrainingLoop:
         return [self.iterate(i) for i in range(self.config.iterations)]
 
     def iterate(self, iteration: int) -> StepRecord:
-        cfg = self.config
         started_at = time.time()
-        t = _Timings()
         mark = time.perf_counter()
         rollout_ids = list(self.run_batch(iteration))
-        mark = t.add("rollout_s", mark)
-        rollout_phase_s = t.values["rollout_s"]
+        return self.train_on(rollout_ids, iteration=iteration, started_at=started_at,
+                             rollout_s=time.perf_counter() - mark)
+
+    def train_on(
+        self,
+        rollout_ids: Sequence[str],
+        *,
+        iteration: int,
+        started_at: float,
+        rollout_s: float,
+        metrics: Mapping[str, Any] | None = None,
+        after_sync: Callable[[], None] | None = None,
+    ) -> StepRecord:
+        """One update on finished rollouts (shared by the sync and the collocated-async loops): trajectories,
+        advantages, the update, the new weights served, a checkpoint, the `train_steps` row.
+
+        `rollout_s` is the time the rollouts had (rollouts/min is computed from it); `metrics` are added to the
+        record's; `after_sync` runs as soon as the engine serves the new weights (or the update was skipped), before
+        the checkpoint is written, so a paused gateway can let calls flow again while the checkpoint is saved.
+        """
+        cfg = self.config
+        t = _Timings({"rollout_s": round(rollout_s, 4)})
+        mark = time.perf_counter()
         trajs, report = trajectories_from_store(self.store, rollout_ids, group_of=self.group_of, merge=cfg.merge)
         adv = grpo_advantages(trajs, norm_by_std=cfg.norm_by_std, singletons=cfg.singletons)
         batch = make_batch(trajs, adv.advantages, max_seq_len=cfg.max_seq_len)
         mark = t.add("build_s", mark)
         rewards = [r.reward for r in (self.store.get_rollout(rid) for rid in rollout_ids) if r and r.reward is not None]
         staleness = self._staleness(trajs)
-        metrics: dict[str, Any] = {
+        extra: dict[str, Any] = {
             "iteration": iteration,
             "trajectories": report.summary(),
             "advantages": adv.summary(),
             "rewards_missing": len(rollout_ids) - len(rewards),
             "truncated_tokens": batch.truncated_tokens,
-            "rollout_ids": rollout_ids,
+            "rollout_ids": list(rollout_ids),
         }
+        extra.update(metrics or {})
         train: dict[str, float] = {}
         updated = False
         if batch.rows and batch.totals.n_rollouts >= cfg.min_trained_rollouts:
@@ -160,17 +202,15 @@ class TrainingLoop:
                 t.values["sync_s"] = round(self.sync_engine(), 4)
                 mark = time.perf_counter()
             else:
-                metrics["skipped"] = f"every optimizer step had a non-finite gradient ({train.get('skipped_steps')})"
+                extra["skipped"] = f"every optimizer step had a non-finite gradient ({train.get('skipped_steps')})"
         else:
-            metrics["skipped"] = f"{batch.totals.n_rollouts} trainable rollouts (< {cfg.min_trained_rollouts})"
+            extra["skipped"] = f"{batch.totals.n_rollouts} trainable rollouts (< {cfg.min_trained_rollouts})"
+        if after_sync is not None:
+            after_sync()
         if not updated:
-            log.warning("iteration %d: no update: %s", iteration, metrics["skipped"])
-        checkpoint = None
-        if updated and cfg.checkpoint_dir is not None:
-            checkpoint = str(self._checkpoint(train))
-            t.add("checkpoint_s", mark)
-        metrics["train"] = train
-        metrics["timings"] = t.values
+            log.warning("iteration %d: no update: %s", iteration, extra["skipped"])
+        extra["train"] = train
+        extra["timings"] = t.values
         record = StepRecord(
             step=self.trainer.step,
             model_version=self.version,
@@ -186,12 +226,20 @@ class TrainingLoop:
             loss=train.get("loss"),
             grad_norm=train.get("grad_norm"),
             tokens_per_s=train.get("tokens_per_s"),
-            rollouts_per_min=60.0 * len(rollout_ids) / rollout_phase_s if rollout_phase_s > 0 else None,
+            rollouts_per_min=60.0 * len(rollout_ids) / rollout_s if rollout_s > 0 else None,
             staleness_mean=sum(staleness) / len(staleness) if staleness else None,
             staleness_max=max(staleness) if staleness else None,
-            checkpoint=checkpoint,
-            metrics=metrics,
+            metrics=extra,
         )
+        if updated and cfg.checkpoint_dir is not None:
+            # The checkpoint carries its own step record: a process killed between the checkpoint and the row
+            # below leaves a checkpoint whose row `restore_missing_step` writes on resume (the step is then neither
+            # lost nor trained twice).
+            record.checkpoint = str(cfg.checkpoint_dir / self.version)
+            self._checkpoint(train, record)
+            t.add("checkpoint_s", mark)
+        record.ended_at = time.time()
+        record.metrics["wall_s"] = round(record.ended_at - started_at, 4)
         record_step(self.store, record)
         self.on_step(record)
         return record
@@ -207,10 +255,11 @@ class TrainingLoop:
                         out.append(self.trainer.step - step)
         return out
 
-    def _checkpoint(self, train: Mapping[str, float]) -> Path:
+    def _checkpoint(self, train: Mapping[str, float], record: StepRecord) -> Path:
         directory = self.config.checkpoint_dir
         assert directory is not None
-        path = self.trainer.save_checkpoint(directory / self.version, {"model_version": self.version, "metrics": train})
+        extra = {"model_version": self.version, "metrics": train, "step_record": record.to_json()}
+        path = self.trainer.save_checkpoint(directory / self.version, extra)
         steps = sorted(
             (s, p) for p in directory.glob("step-*") if p.is_dir() and (s := version_step(p.name)) is not None
         )

@@ -115,8 +115,8 @@ def run_rollouts(
         rid = f"{id_prefix}s{step}-{task.id}-{k}"
         (a, lp_a), (b, lp_b) = first[i], second[i]
         batch.calls[rid] = [
-            _record(rid, 0, prompts1[i], [a], [lp_a], version, clock + 2 * i),
-            _record(rid, 1, prompts2[i], [b], [lp_b], version, clock + 2 * i + 1),
+            call_record(rid, 0, prompts1[i], [a], [lp_a], version, clock + 2 * i),
+            call_record(rid, 1, prompts2[i], [b], [lp_b], version, clock + 2 * i + 1),
         ]
         reward = 0.5 * (a == task.first) + 0.5 * (b == task.second)
         batch.rollouts.append(Rollout(
@@ -126,8 +126,8 @@ def run_rollouts(
     return batch
 
 
-def _record(rid: str, n: int, prompt: list[int], completion: list[int], logprobs: list[float], version: str,
-            at: float) -> CallRecord:
+def call_record(rid: str, n: int, prompt: list[int], completion: list[int], logprobs: list[float], version: str,
+                at: float) -> CallRecord:
     return CallRecord(
         call_id=f"{rid}-{n}", rollout_id=rid, api=Api.openai_completions, upstream="toy", model="tiny-llama",
         started_at=at, ended_at=at + 0.5, prompt_token_ids=prompt, completion_token_ids=completion, logprobs=logprobs,
