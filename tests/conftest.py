@@ -6,11 +6,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from rl_backend.gateway.fake import FakeUpstream
+from rl_backend.gateway.fake.harness import UPSTREAM_KEY, Harness
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -65,3 +69,20 @@ def write_spec(folder: Path, task_list: list[dict[str, Any]], **overrides: Any) 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+# -- a gateway in front of the scripted upstream (a module may override `fake`, e.g. to set its model version) ------
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUpstream]:
+    f = FakeUpstream(api_key=UPSTREAM_KEY).start()
+    yield f
+    f.stop()
+
+
+@pytest.fixture()
+def h(fake: FakeUpstream) -> Iterator[Harness]:
+    fake.reset()
+    with Harness(fake) as harness:
+        yield harness

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,6 @@ from tests.conftest import FIXTURES, run_agl
 
 MSGS = [{"role": "user", "content": "hello there"}]
 PRICES = {"tiny": {"input": 1000.0, "output": 1000.0}}  # USD per 1M tokens: a few cents per fake call
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    f = FakeUpstream(api_key=UPSTREAM_KEY).start()
-    yield f
-    f.stop()
 
 
 def _paid_harness(fake: FakeUpstream, limit: SpendLimit) -> Harness:

@@ -29,13 +29,6 @@ def fake() -> Iterator[FakeUpstream]:
     f.stop()
 
 
-@pytest.fixture()
-def h(fake: FakeUpstream) -> Iterator[Harness]:
-    fake.reset()
-    with Harness(fake) as harness:
-        yield harness
-
-
 def test_non_streaming_call_is_recorded_exactly(h: Harness) -> None:
     client = h.openai("r1", {"temperature": 0.5})
     result = client.chat.completions.create(model="gpt-4o", messages=MSGS)

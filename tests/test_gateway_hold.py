@@ -5,31 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from agl_cli.train_async import GatewayGate
-from rl_backend.gateway.fake import FakeUpstream
-from rl_backend.gateway.fake.harness import UPSTREAM_KEY, Harness
+from rl_backend.gateway.fake.harness import Harness
 
 MSGS: Any = [{"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    f = FakeUpstream(api_key=UPSTREAM_KEY).start()
-    yield f
-    f.stop()
-
-
-@pytest.fixture()
-def h(fake: FakeUpstream) -> Iterator[Harness]:
-    fake.reset()
-    with Harness(fake) as harness:
-        yield harness
 
 
 def test_held_call_waits_for_the_resume_and_is_served_by_the_new_version(h: Harness) -> None:

@@ -19,20 +19,6 @@ from rl_backend.gateway.upstream import RetryPolicy
 MSGS = [{"role": "user", "content": "hello there"}]
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    f = FakeUpstream(api_key=UPSTREAM_KEY).start()
-    yield f
-    f.stop()
-
-
-@pytest.fixture()
-def h(fake: FakeUpstream) -> Iterator[Harness]:
-    fake.reset()
-    with Harness(fake) as harness:
-        yield harness
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
