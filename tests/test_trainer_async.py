@@ -259,18 +259,13 @@ def test_async_loop_trains_with_bounded_staleness_carries_groups_over_and_pauses
 def test_a_kill_between_checkpoint_and_row_is_repaired_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import rl_backend.trainer.loop as loop_module
     from rl_backend.trainer.loop import restore_missing_step
-    from rl_backend.trainer.toy import run_rollouts
+    from rl_backend.trainer.toy import stored_batches
 
     store = RunStore(tmp_path / "store.sqlite")
     trainer = TorchTrainer(tiny_llama(), TrainerConfig(lr=5e-3))
     tasks = make_tasks()
 
-    def run_batch(i: int) -> list[str]:
-        toy = run_rollouts(trainer.model, tasks, 4, step=i, version=f"step-{trainer.step}")
-        for r in toy.rollouts:
-            store.put_rollout(r)
-            store.insert_calls(toy.calls[r.id])
-        return [r.id for r in toy.rollouts]
+    run_batch = stored_batches(store, trainer, tasks, 4)
 
     ckpt = tmp_path / "ckpt"
     loop = TrainingLoop(store, trainer, run_batch, config=LoopConfig(iterations=1, checkpoint_dir=ckpt))

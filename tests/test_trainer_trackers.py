@@ -22,7 +22,7 @@ if importlib.util.find_spec("verl") is None:  # found, not imported: importing v
 from rl_backend.store.db import RunStore  # noqa: E402
 from rl_backend.trainer.loop import LoopConfig, TrainingLoop  # noqa: E402
 from rl_backend.trainer.torch_backend import TorchTrainer, TrainerConfig  # noqa: E402
-from rl_backend.trainer.toy import make_tasks, run_rollouts, tiny_llama  # noqa: E402
+from rl_backend.trainer.toy import make_tasks, stored_batches, tiny_llama  # noqa: E402
 from rl_backend.trainer.trackers import PACKAGES, TrackerError, open_trackers, parse_trackers  # noqa: E402
 
 CURVES = ("reward", "pass_rate", "entropy", "tokens_per_s", "rollouts_per_min", "staleness_mean", "staleness_max")
@@ -35,12 +35,7 @@ def _train_toy(tmp_path: Path, names: list[str]) -> list[dict[str, float]]:
     trainer = TorchTrainer(tiny_llama(), TrainerConfig(lr=5e-3))
     tasks = make_tasks()
 
-    def run_batch(i: int) -> list[str]:
-        toy = run_rollouts(trainer.model, tasks, 4, step=i, version=f"step-{trainer.step}")
-        for r in toy.rollouts:
-            store.put_rollout(r)
-            store.insert_calls(toy.calls[r.id])
-        return [r.id for r in toy.rollouts]
+    run_batch = stored_batches(store, trainer, tasks, 4)
 
     trackers = open_trackers(names, run_dir=tmp_path / "run", run_id="toyrun1", name="toy-toyrun1",
                              config={"lr": 5e-3, "loop": "sync"})

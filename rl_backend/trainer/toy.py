@@ -13,6 +13,7 @@ and loss code as real rollouts.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +125,20 @@ def run_rollouts(
             reward=reward, reward_source=RewardSource.grader,
         ))
     return batch
+
+
+def stored_batches(store: Any, trainer: Any, tasks: list[ToyTask], group_size: int) -> Callable[[int], list[str]]:
+    """A sync loop's `run_batch` on the toy task: each batch sampled from the trainer's current weights and put in
+    the store, as an agent's rollouts through the gateway would be."""
+
+    def run_batch(iteration: int) -> list[str]:
+        toy = run_rollouts(trainer.model, tasks, group_size, step=iteration, version=f"step-{trainer.step}")
+        for rollout in toy.rollouts:
+            store.put_rollout(rollout)
+            store.insert_calls(toy.calls[rollout.id])
+        return [r.id for r in toy.rollouts]
+
+    return run_batch
 
 
 def call_record(rid: str, n: int, prompt: list[int], completion: list[int], logprobs: list[float], version: str,
