@@ -232,6 +232,7 @@ class EvalRunner:
         finally:
             if gateway is not None:
                 gateway.unregister_rollout(rid)
+                self.stack.collect_rollout(rid, self.store)  # a remote gateway's records, before grading reads them
         rollout.exit_code, rollout.ended_at = result.exit_code, time.time()
         rollout.stdout_tail, rollout.stderr_tail = result.stdout_tail, result.stderr_tail
         if output_file.is_file():

@@ -1,5 +1,9 @@
 """The services a run needs, started in-process: embedded model servers for `kind: embedded` upstreams, then
-the gateway in front of every upstream. Stopped in reverse order when the run ends."""
+the gateway in front of every upstream. Stopped in reverse order when the run ends.
+
+With $AGL_GATEWAY_URL set (the trainer pod of `agl train --on kubernetes`), nothing starts here: the run uses the
+gateway running there (rl_backend/gateway/remote.py, with $AGL_GATEWAY_ADMIN_TOKEN), which serves every upstream,
+and `Stack.collect_rollout` copies each finished rollout's calls from its store into this run's."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agl_cli.errors import ConfigError
+from agl_cli.errors import AglError, ConfigError
 from agl_cli.spec import ExperimentSpec
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.store.db import RunStore
@@ -18,15 +22,25 @@ from rl_backend.store.db import RunStore
 if TYPE_CHECKING:
     from rl_backend.gateway import Gateway
     from rl_backend.gateway.budget import SpendLimit
+    from rl_backend.gateway.remote import RemoteGateway
 
 
 @dataclass
 class Stack:
-    gateway: Gateway | None
+    gateway: Gateway | RemoteGateway | None
     gateway_url: str | None
+    # Empty with a remote gateway: it resolves the upstreams itself.
     upstreams: dict[str, ResolvedUpstream]
     # The in-process model servers of `kind: embedded` upstreams, by upstream name: training swaps their weights.
     embedded: dict[str, Any] = field(default_factory=dict)
+
+    def collect_rollout(self, rollout_id: str, store: RunStore) -> None:
+        """After a rollout ends: bring what a remote gateway recorded for it (calls, posted reward) into `store`, so
+        grading, reports, trajectories and the ledger read it as if the gateway ran here. In-process: already there."""
+        from rl_backend.gateway.remote import RemoteGateway
+
+        if isinstance(self.gateway, RemoteGateway):
+            self.gateway.copy_rollout(rollout_id, store)
 
 
 def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
@@ -43,6 +57,7 @@ def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
 
 
 POLICY_URL_ENV = "AGL_POLICY_URL"
+GATEWAY_URL_ENV = "AGL_GATEWAY_URL"  # rl_backend/gateway/remote.py reads it (and the admin token) too
 
 
 def policy_upstream(name: str, upstream: Any, *, log: Any = None) -> ResolvedUpstream | None:
@@ -63,6 +78,11 @@ def policy_upstream(name: str, upstream: Any, *, log: Any = None) -> ResolvedUps
 def running_stack(
     spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None
 ) -> Iterator[Stack]:
+    # A spec whose agent calls no model through agl and reports no reward needs no gateway, remote or not.
+    if os.environ.get(GATEWAY_URL_ENV, "").strip() and (spec.upstreams or spec.grader.reported):
+        with remote_stack(log=log, spend_limit=spend_limit) as stack:
+            yield stack
+        return
     with contextlib.ExitStack() as exits:
         resolved: dict[str, ResolvedUpstream] = {}
         embedded: dict[str, Any] = {}
@@ -125,3 +145,27 @@ def running_stack(
         gateway_server = start_gateway(gateway, *listen) if listen else start_gateway(gateway)
         exits.callback(gateway_server.stop)
         yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved, embedded=embedded)
+
+
+@contextlib.contextmanager
+def remote_stack(*, log: Any = None, spend_limit: SpendLimit | None = None) -> Iterator[Stack]:
+    """The stack of a run whose gateway runs elsewhere ($AGL_GATEWAY_URL): checked before the first rollout."""
+    from rl_backend.gateway.remote import RemoteGatewayError, from_environment
+
+    try:
+        gateway = from_environment(dict(os.environ))
+    except RemoteGatewayError as exc:
+        raise ConfigError(exc.message, hint=exc.hint) from None
+    assert gateway is not None
+    if log:
+        log(f"using the gateway at ${GATEWAY_URL_ENV} = {gateway.base_url} (no gateway or model server starts in "
+            "this process; that gateway serves the upstreams, and each rollout's calls are copied from it)")
+        if spend_limit is not None:
+            log(f"budget.usd (${spend_limit.limit_usd:g}) is checked between rollouts: that gateway does not stop "
+                "calls of rollouts already running")
+    try:
+        yield Stack(gateway=gateway, gateway_url=gateway.base_url, upstreams={})
+    except RemoteGatewayError as exc:  # the gateway went away (or its token changed) during the run
+        raise AglError(exc.message, hint=exc.hint) from None
+    finally:
+        gateway.close()

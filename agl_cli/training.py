@@ -131,9 +131,9 @@ class Trainer:
         """Where new weights go (the embedded server's engine); the verl backend serves them with vLLM instead."""
         if self.upstream not in stack.embedded:
             raise ConfigError(
-                f"upstream {self.upstream!r} is not served in this process (${'AGL_POLICY_URL'} points it elsewhere), "
-                "and the torch backend trains the weights of a model it serves itself",
-                hint="unset AGL_POLICY_URL, or train with --backend verl on a GPU machine",
+                f"upstream {self.upstream!r} is not served in this process ($AGL_POLICY_URL or $AGL_GATEWAY_URL "
+                "sends its calls elsewhere), and the torch backend trains the weights of a model it serves itself",
+                hint="unset AGL_POLICY_URL and AGL_GATEWAY_URL, or train with --backend verl on a GPU machine",
             )
         return stack.embedded[self.upstream].engine
 

@@ -1,18 +1,31 @@
 """The gateway's admin HTTP endpoints, for a trainer or controller in another process (behind the admin token).
 
-- `POST /admin/pause` {drain_timeout_s?}: new calls get 429 + Retry-After; waits up to the timeout for calls in
-  flight to finish and says whether they did (`drained`).
+- `POST /admin/pause` {drain_timeout_s?, hold_s?}: new calls get 429 + Retry-After (with `hold_s`, they first wait
+  up to that long for the resume); waits up to the drain timeout for calls in flight to finish and says whether they
+  did (`drained`).
 - `POST /admin/resume` {model_version?}: calls flow again; later records carry the new model version.
 - `GET /admin/state`: paused, in flight, calls started and recorded, rollouts registered.
-- `POST /admin/rollouts` {rollout_id, knobs?} -> {token, openai_base_url, anthropic_base_url, reward_url}: admit a
-  rollout (idempotent: the same id with the same knobs gets the same token back; other knobs are a 409).
-- `DELETE /admin/rollouts/<rid>`: the rollout's token stops working (its calls already in flight finish).
+- `POST /admin/rollouts` {rollout_id, knobs?} -> {token, openai_base_url, anthropic_base_url, reward_url,
+  registered_at}: admit a rollout (idempotent: the same id with the same knobs gets the same token back; other knobs
+  are a 409). `registered_at` is this gateway's clock, for `since` below.
+- `DELETE /admin/rollouts/<rid>`: the rollout's token stops working (its calls already in flight finish); 404 when it
+  is not registered.
+- `GET /admin/rollouts/<rid>/calls[?since=<epoch s>]` -> {rollout_id, calls, reward}: the rollout's recorded calls
+  (CallRecords as JSON, in the order they were recorded) and the reward its agent posted ({reward, detail} or null),
+  so a trainer in another process can copy them into its own run store. Registered or not: a rollout that ended,
+  or made no call, has `calls: []`. Rollout ids are not unique across runs (they are derived from the task), so
+  `since` (the `registered_at` of this attempt) leaves out what an earlier run recorded under the same id.
+
+Without the admin token (`Authorization: Bearer <token>`, the AGL_GATEWAY_ADMIN_TOKEN the gateway was started with)
+every admin endpoint answers 401; a gateway started without one answers 403.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -24,6 +37,7 @@ from rl_backend.gateway.errors import GatewayError, error_response, json_respons
 from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import presented_token, read_json_object
 from rl_backend.gateway.knobs import validate_knobs
+from rl_backend.store.db import RunStore
 
 if TYPE_CHECKING:
     from rl_backend.gateway.app import Gateway
@@ -32,6 +46,7 @@ if TYPE_CHECKING:
 class AdminAPI:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self._registered_at: dict[str, float] = {}  # by rollout id, for a retried registration's answer
 
     def routes(self) -> list[Route]:
         return [
@@ -40,6 +55,7 @@ class AdminAPI:
             Route("/admin/state", self.state, methods=["GET"]),
             Route("/admin/rollouts", self.register, methods=["POST"]),
             Route("/admin/rollouts/{rid}", self.unregister, methods=["DELETE"]),
+            Route("/admin/rollouts/{rid}/calls", self.calls, methods=["GET"]),
         ]
 
     def _guard(self, request: Request) -> None:
@@ -48,7 +64,11 @@ class AdminAPI:
             raise GatewayError(403, "admin endpoints are off: this gateway was started without an admin token")
         token = presented_token(request)
         if token is None or not hmac.compare_digest(token.encode(), admin_token.encode()):
-            raise GatewayError(401, "admin endpoints need `Authorization: Bearer <admin token>`")
+            raise GatewayError(
+                401,
+                "admin endpoints need `Authorization: Bearer <admin token>`, the token this gateway was started "
+                "with ($AGL_GATEWAY_ADMIN_TOKEN or --admin-token)" + (" (that one is wrong)" if token else ""),
+            )
 
     async def _body(self, request: Request) -> dict[str, Any]:
         if request.headers.get("content-length") in (None, "0") and "transfer-encoding" not in request.headers:
@@ -61,9 +81,10 @@ class AdminAPI:
             self._guard(request)
             body = await self._body(request)
             check_optional(body, "drain_timeout_s", "number")
+            check_optional(body, "hold_s", "number")
         except GatewayError as exc:
             return error_response(exc, "openai")
-        gw.pause()
+        gw.pause(hold_s=float(body.get("hold_s") or 0.0))
         drained = gw.state.in_flight == 0
         timeout = body.get("drain_timeout_s")
         if timeout:
@@ -119,6 +140,7 @@ class AdminAPI:
                 except ValueError as exc:
                     raise GatewayError(400, str(exc), param="knobs") from None
                 status = 201
+                self._registered_at[rollout_id] = time.time()
         except GatewayError as exc:
             return error_response(exc, "openai")
         base = str(request.base_url).rstrip("/") + f"/rollouts/{rollout_id}"
@@ -130,6 +152,7 @@ class AdminAPI:
                 "openai_base_url": f"{base}/openai/v1",
                 "anthropic_base_url": f"{base}/anthropic",
                 "reward_url": f"{base}/reward",
+                "registered_at": self._registered_at.get(rollout_id),
             },
         )
 
@@ -142,4 +165,32 @@ class AdminAPI:
         except GatewayError as exc:
             return error_response(exc, "openai")
         self.gateway.unregister_rollout(rollout_id)
+        self._registered_at.pop(rollout_id, None)
         return json_response(200, {"ok": True, "rollout_id": rollout_id})
+
+    async def calls(self, request: Request) -> Response:
+        rollout_id = request.path_params["rid"]
+        try:
+            self._guard(request)
+            text = request.query_params.get("since")
+            try:
+                since = float(text) if text is not None else None
+            except ValueError:
+                since = math.nan
+            if since is not None and not math.isfinite(since):
+                raise GatewayError(400, f"`since` must be a time in seconds since the epoch, got {text!r}", param="since")
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+
+        def read(store: RunStore) -> dict[str, Any]:
+            calls = [c for c in store.calls(rollout_id) if since is None or c.started_at >= since]
+            reward = store.reported_reward(rollout_id, since=since)
+            return {
+                "rollout_id": rollout_id,
+                "calls": [c.model_dump(mode="json") for c in calls],
+                "reward": None if reward is None else {"reward": reward[0], "detail": reward[1]},
+            }
+
+        # On the writer's thread, after every record queued before this request: nothing recorded is left out, and
+        # reading a long rollout from SQLite does not stall the event loop.
+        return json_response(200, await self.gateway.writer.call(read))

@@ -197,6 +197,7 @@ class Gateway:
             "model_version": self.state.model_version,
             "calls_started": self.state.calls_started,
             "calls_recorded": self.writer.written,
+            "calls_held": self.calls_held,
             "rollouts": len(self._rollouts),
             "upstream_connections_opened": self.services.client.connections_opened,
             "spend": self.services.spend.as_dict() if self.services.spend is not None else None,

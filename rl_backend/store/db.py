@@ -274,12 +274,15 @@ class RunStore:
                 (rollout_id, float(reward), _dumps(detail), time.time()),
             )
 
-    def reported_reward(self, rollout_id: str) -> tuple[float, dict[str, Any] | None] | None:
+    def reported_reward(
+        self, rollout_id: str, *, since: float | None = None
+    ) -> tuple[float, dict[str, Any] | None] | None:
+        """The reward the agent posted; with `since`, only one reported at or after that time."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT reward, detail FROM reported_rewards WHERE rollout_id = ?", (rollout_id,)
+                "SELECT reward, detail, reported_at FROM reported_rewards WHERE rollout_id = ?", (rollout_id,)
             ).fetchone()
-        if row is None:
+        if row is None or (since is not None and row["reported_at"] < since):
             return None
         return float(row["reward"]), (json.loads(row["detail"]) if row["detail"] else None)
 

@@ -7,8 +7,9 @@ a vLLM server as the policy the agent samples from.
   new weights -> vLLM: LoRA adapter hot-loaded, or the server restarted on the new Hugging Face folder (policy.py)
 
 The rollouts, the before/after held-out evaluation, the store and the step rows are agl_cli.training.Trainer's; only
-the trainer object and the weight sink differ. The gateway is the one the stack starts in this process; its
-`kind: embedded` upstream is forwarded to AGL_POLICY_URL (agl_cli/stack.py).
+the trainer object and the weight sink differ. On a cluster the gateway is the deployed one (AGL_GATEWAY_URL, whose
+`kind: embedded` upstream it forwards to AGL_POLICY_URL, the policy Service); on one machine it is the one the stack
+starts in this process (agl_cli/stack.py), forwarding the same way.
 
 UNTESTED for lack of a GPU: everything in this module runs only after runtime.missing_requirements() is empty. The
 pieces it is built from (config, DataProto, loss, verl's ppo_loss on our data) are tested on a CPU in
