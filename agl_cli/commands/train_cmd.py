@@ -168,6 +168,12 @@ def train_command(
                       + (f", staleness max {record.staleness_max}, {record.metrics.get('stale', 0)} stale dropped"
                          if record.metrics.get("loop") == "collocated-async" else "")
                       + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
+        groups = record.metrics.get("advantages", {})
+        if groups.get("groups") and groups.get("zero_signal_groups") == groups["groups"]:
+            # GRPO learns only from differences inside a group: this step moved nothing.
+            console.print(f"  no learning signal: in each of the {groups['groups']} groups every rollout scored the "
+                          "same; a lower --temperature, a larger --group-size or easier training tasks give GRPO "
+                          "something to compare", markup=False)
 
     trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
     try:
