@@ -232,3 +232,37 @@ def test_verls_fsdp_engine_is_not_available_on_a_cpu() -> None:
     assert importlib.util.find_spec("verl.workers.actor") is None
     devices = {key if isinstance(key, str) else key[0] for key in EngineRegistry._engines["language_model"]["fsdp"]}
     assert "cpu" not in devices and "cuda" in devices
+
+
+def test_ray_workers_register_the_loss_at_start_up() -> None:
+    """verl's loss registry lives in each process: the Ray workers that train must find `agl_rollout` too."""
+    ray = pytest.importorskip("ray")  # installed with the verl extra
+    from rl_backend.trainer.verl_backend.driver import RAY_RUNTIME_ENV
+
+    @ray.remote
+    def registered() -> bool:
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+        return vconfig.ROLLOUT_LOSS in POLICY_LOSS_REGISTRY
+
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=RAY_RUNTIME_ENV, log_to_driver=False)
+    try:
+        assert ray.get(registered.remote(), timeout=120)
+    finally:
+        ray.shutdown()
+
+
+def test_the_tensordict_for_verls_workers_is_complete(toy_batch: Any) -> None:
+    """What VerlTrainer hands verl's workers per mini-batch, built on the CPU without the Ray group: rows padded to
+    the data-parallel size with rows that train nothing, and every key verl's engine reads without a default."""
+    from rl_backend.trainer.verl_backend.driver import VerlTrainer
+
+    trainer = object.__new__(VerlTrainer)  # the worker group needs GPUs; _tensordict does not
+    trainer.settings, trainer.pad_id, trainer.dp_size = _settings(gpus_per_node=4), 0, 4
+    td = trainer._tensordict(toy_batch)
+    padded = -(-len(toy_batch.rows) // 4) * 4
+    assert td["mini_batch_size"] == padded and td["dp_size"] == 4
+    assert td["temperature"] == 1.0  # raw logprobs, as the gateway records them
+    assert td["batch_num_tokens"] == toy_batch.totals.trained_tokens
+    trained = sum(int(row.sum()) for row in td["response_mask"].unbind())  # one (nested) row per sequence
+    assert trained == toy_batch.totals.trained_tokens  # the padding rows train nothing

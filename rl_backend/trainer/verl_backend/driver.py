@@ -28,6 +28,9 @@ from rl_backend.trainer.batch import TrainBatch, split_by_rollout
 from rl_backend.trainer.verl_backend.config import VerlSettings
 from rl_backend.trainer.verl_backend.policy import PolicyServer
 
+# The loss registry is per process: every Ray worker that trains registers `agl_rollout` when it starts.
+RAY_RUNTIME_ENV = {"worker_process_setup_hook": "rl_backend.trainer.verl_backend.loss.register"}
+
 
 class VerlTrainer:
     """TorchTrainer's interface (step, train_step, save_checkpoint, serving_state_dict) over verl's worker group."""
@@ -43,7 +46,7 @@ class VerlTrainer:
 
         register()
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+            ray.init(address=os.environ.get("RAY_ADDRESS") or None, runtime_env=RAY_RUNTIME_ENV)
         self.settings, self.pad_id, self.step = settings, pad_id, 0
         ref = cfg.actor_rollout_ref
         self.actor_config = omega_conf_to_dataclass(ref.actor)
@@ -101,7 +104,10 @@ class VerlTrainer:
         td = left_right_2_no_padding(td)
         for key, value in (("mini_batch_size", len(rows)), ("epochs", self.settings.ppo_epochs),
                            ("dp_size", self.dp_size), ("batch_num_tokens", mini.totals.trained_tokens),
-                           ("global_batch_size", mini.totals.n_sequences)):
+                           ("global_batch_size", mini.totals.n_sequences),
+                           # verl's engine divides the logits by this (no default): 1.0 because the gateway records
+                           # the policy's raw logprobs, which is what the loss must compare against.
+                           ("temperature", 1.0)):
             td[key] = NonTensorData(value)
         return td
 
