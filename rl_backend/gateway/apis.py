@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rl_backend.gateway.anthropic_messages import MessagesExchange
@@ -13,7 +13,9 @@ from rl_backend.gateway.openai_completions import CompletionsExchange
 from rl_backend.gateway.openai_responses import ResponsesExchange
 from rl_backend.gateway.routing import Route
 
-_OPENAI_ONLY = {"chat": ChatExchange, "completions": CompletionsExchange, "responses": ResponsesExchange}
+_OPENAI_ONLY: dict[str, Callable[..., Exchange]] = {
+    "chat": ChatExchange, "completions": CompletionsExchange, "responses": ResponsesExchange,
+}
 
 
 def build_exchange(kind: str, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> Exchange:

@@ -8,6 +8,7 @@ asked for, collecting on the way what the call record needs (`Outcome`).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,8 @@ class Outcome:
     error: str | None = None  # an error the upstream reported inside a 200 (a stream's error event)
 
 
-class Exchange:
-    """One call through one API. Subclasses set the class attributes and implement the hooks."""
+class Exchange(ABC):
+    """One call through one API. Subclasses set the class attributes and implement the abstract hooks."""
 
     api: Api
     dialect: Dialect
@@ -46,8 +47,9 @@ class Exchange:
         self.request_record: dict[str, Any] = {}
         self.knobs_applied: dict[str, Any] = {}
 
+    @abstractmethod
     def upstream_body(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The request the upstream gets."""
 
     def upstream_headers(self, agent_headers: dict[str, str]) -> dict[str, str]:
         headers = {"content-type": "application/json", "accept": "text/event-stream" if self.stream else "application/json"}
@@ -62,20 +64,20 @@ class Exchange:
             headers["authorization"] = f"Bearer {key}"
         return headers
 
+    @abstractmethod
     def process_response(self, data: Any) -> Any:
         """A complete (non-streamed) 2xx body: fill the outcome, return what the agent gets."""
-        raise NotImplementedError
 
+    @abstractmethod
     def process_event(self, event: SSEEvent) -> list[bytes]:
         """One upstream stream event: fill the outcome, return the bytes to forward (maybe none). Raises ValueError
         for an event that cannot be understood."""
-        raise NotImplementedError
 
+    @abstractmethod
     def is_terminal(self, event: SSEEvent) -> bool:
         """The event that ends the stream: the record is committed before it is forwarded."""
-        raise NotImplementedError
 
-    def collect(self) -> None:
+    def collect(self) -> None:  # noqa: B027 - an optional hook: most adapters fill the outcome event by event
         """Fill the outcome from what a stream delivered (also a stream cut short)."""
 
     def error_from_upstream(self, status: int, body: bytes, content_type: str) -> tuple[bytes, str]:
@@ -86,13 +88,13 @@ class Exchange:
         """The upstream stream ended: bytes the agent still needs (translators close their framing)."""
         return []
 
+    @abstractmethod
     def stream_complete(self) -> bool:
         """Whether the stream reached its natural end (a terminal event), rather than being cut off."""
-        raise NotImplementedError
 
+    @abstractmethod
     def error_event(self, message: str) -> bytes:
         """An in-stream error the agent's SDK raises, for failures after the first byte."""
-        raise NotImplementedError
 
 
 # -- request checks -----------------------------------------------------------------------------------------------
