@@ -104,6 +104,9 @@ def test_training_run_renders_curves_first_and_before_after(reports) -> None:
         ET.fromstring(_text(paths, f"train_{key}.svg"))
     assert "| reward | 0.3 (step 0) | 0.8 (step 29) |" in md
     assert "between **after** and the baseline **before**" in md
+    # The training rollouts are not a candidate: the verdict is the held-out before/after pair alone.
+    verdict = md.split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    assert "candidates" not in verdict and "**train**" not in verdict and "| train |" not in md.split("## Run")[0]
 
 
 def test_train_metrics_can_be_passed_in(tmp_path: Path, reports) -> None:

@@ -185,7 +185,9 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         planned = _planned(manifest, hashes) if manifest.get("task_ids") and hashes else None
         split = manifest.get("split")
         label = f"the {split} split" if split else "all tasks"
-        sections.append(_section(split, label, _group(latest), names, planned, usage, knobs, seeds))
+        # A training run's own rollouts (the train split) are its curves; its verdict is on the held-out split.
+        held_out = split if kind == "train" else None
+        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds))
     if not sections or not sections[0].rows:
         sections = [Section(None, "all tasks", [], {})] + [s for s in sections if s.rows]
 
