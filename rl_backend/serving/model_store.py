@@ -110,7 +110,7 @@ def _cache_is_complete(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
+def quiet_progress() -> Iterator[None]:
     # transformers draws "Loading weights" bars on stderr, which would interleave with `agl`'s own progress.
     from transformers.utils import logging as hf_logging
 
@@ -145,7 +145,7 @@ def ensure_converted(name: str, *, verify: bool = True) -> Path:
     with _file_lock(cache_root() / f".{name}.lock"):
         if _cache_is_complete(target):  # another process finished while we waited
             return target
-        with _quiet_progress():
+        with quiet_progress():
             _convert(gguf, target, verify=verify)
     return target
 
@@ -259,7 +259,7 @@ def load_model(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype: 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ModelNotAvailable(f"the tokenizer in {path} has no chat template; the server needs one for chat")
-    with _quiet_progress():
+    with quiet_progress():
         # sdpa handles the padded decode batch (mask plus per-row positions) on CPU and GPU alike.
         hf_model: Any = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=dtype, attn_implementation="sdpa"

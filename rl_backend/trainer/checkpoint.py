@@ -19,11 +19,12 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from rl_backend.serving.model_store import quiet_progress
 
 if TYPE_CHECKING:
     from rl_backend.trainer.torch_backend import TorchTrainer
@@ -66,22 +67,9 @@ def serving_state_dict(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
     return {k: v.to("cpu") for k, v in sd.items()}
 
 
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """transformers draws a progress bar per save; between agl's one-line-per-step output it is only noise."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _save_hf(model: Any, state_dict: dict[str, torch.Tensor] | None, folder: Path, tokenizer: Any) -> None:
-    with _no_progress_bars():
+    # One save per step: transformers' progress bar would interleave with agl's one line per step.
+    with quiet_progress():
         if state_dict is None:
             model.save_pretrained(str(folder))
         else:
