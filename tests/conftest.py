@@ -86,3 +86,14 @@ def h(fake: FakeUpstream) -> Iterator[Harness]:
     fake.reset()
     with Harness(fake) as harness:
         yield harness
+
+
+@pytest.fixture()
+def two_torch_threads() -> Iterator[None]:
+    """Training tests use two threads (the CI machine's cores), whatever torch picked, and put it back after."""
+    import torch  # here, not at the top: most tests never load torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)

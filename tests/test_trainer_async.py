@@ -36,13 +36,7 @@ from rl_backend.trainer.loop import LoopConfig, TrainingLoop  # noqa: E402
 from rl_backend.trainer.torch_backend import TorchTrainer, TrainerConfig  # noqa: E402
 from rl_backend.trainer.toy import BOS, TOOL, ToyTask, call_record, make_tasks, sample_next, tiny_llama  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _few_threads():  # type: ignore[no-untyped-def]
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 class ToyGate:

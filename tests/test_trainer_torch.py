@@ -20,13 +20,7 @@ from rl_backend.trainer.torch_backend import LoraSettings, TorchTrainer, Trainer
 from rl_backend.trainer.toy import make_tasks, run_rollouts, tiny_llama  # noqa: E402
 from rl_backend.trainer.trajectory import build_trajectories  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _few_threads():  # type: ignore[no-untyped-def]
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 def toy_batch(model: object, step: int = 0, *, drop_logprobs: bool = False) -> TrainBatch:
