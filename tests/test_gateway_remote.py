@@ -191,7 +191,7 @@ def test_eval_uses_the_gateway_at_agl_gateway_url(fast_fake: Proc, tmp_path: Pat
         calls = local.calls()
         assert sorted(c.rollout_id for c in calls) == sorted([r.id for r in rollouts] * 2)
         assert all(c.completion_token_ids and c.prompt_token_ids and c.status_code == 200 for c in calls)
-        assert local.call_totals_by_rollout()[rollouts[0].id]["calls"] == 2  # what reports and the ledger read
+        assert local.call_totals_by_rollout()[rollouts[0].id].calls == 2  # what reports and the ledger read
     finally:
         local.close()
     remote = RunStore(gateway_store)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_backend.gateway.exchange import Exchange
-from rl_backend.gateway.pricing import PriceTable, upstream_is_free
+from rl_backend.gateway.pricing import PriceTable
 from rl_backend.store.records import CallRecord
 
 
@@ -39,7 +39,7 @@ def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
     if usage.input_tokens is None and end.status is not None and end.status >= 400:
         cost: float | None = 0.0  # a refused call is not billed
     else:
-        cost = prices.cost([ex.route.model, out.upstream_model], usage, free=upstream_is_free(ex.route.upstream))
+        cost = prices.cost(ex.route.upstream, [ex.route.model, out.upstream_model], usage)
     # Every value below already has its field's type: skip pydantic's validation on the hot path.
     return CallRecord.model_construct(
         call_id=end.call_id,
@@ -48,6 +48,8 @@ def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
         upstream=ex.route.upstream.name,
         request_model=end.request_model,
         model=ex.route.model,
+        served_model=out.upstream_model,
+        route=ex.route.kind,
         request=ex.request_record,
         response=out.response if out.response is not None else end.failure_body,
         stream=ex.stream,

@@ -1,8 +1,11 @@
 """Model routing: which upstream, which model name and which replica serve a call.
 
 `upstream/model` names an upstream directly; any other name goes to the default model; a rollout's `model` knob
-overrides both. A rollout always lands on the same replica of a multi-URL upstream (hash of its id), so a
-vLLM fleet reuses its prefix cache across the turns of one agent.
+overrides both. The route says which of the three happened, and the call record keeps it: an agent whose name
+fell back to the default model is shown as such, never silently measured as the model it asked for.
+
+A rollout always lands on the same replica of a multi-URL upstream (hash of its id), so a vLLM fleet reuses its
+prefix cache across the turns of one agent.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import GatewayError
+from rl_backend.store.records import RouteKind
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class Route:
     upstream: ResolvedUpstream
     model: str
     replica: int  # index into upstream.base_urls of this rollout's replica
+    kind: RouteKind = RouteKind.named  # why this model: recorded with the call, so a fallback is never silent
 
 
 def replica_index(rollout_id: str, n: int) -> int:
@@ -56,12 +61,15 @@ class Router:
     def resolve(self, request_model: str | None, knob_model: str | None, rollout_id: str) -> Route:
         if knob_model is not None:
             upstream, model = self._split(knob_model, what="the rollout's model knob")
+            kind = RouteKind.knob
         else:
             head, sep, tail = (request_model or "").partition("/")
             if sep and tail and head in self.upstreams:
                 upstream, model = self.upstreams[head], tail
+                kind = RouteKind.named
             elif self.default_model is not None:
                 upstream, model = self._split(self.default_model, what="default_model")
+                kind = RouteKind.default
             else:
                 raise GatewayError(
                     400,
@@ -74,4 +82,4 @@ class Router:
         model = model or upstream.default_model or request_model
         if not model:
             raise GatewayError(400, f"no model name to send to upstream {upstream.name!r}: give `model`", param="model")
-        return Route(upstream, model, replica_index(rollout_id, len(upstream.base_urls)))
+        return Route(upstream, model, replica_index(rollout_id, len(upstream.base_urls)), kind)

@@ -15,7 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rl_backend.store.records import CallRecord, FailureKind, RewardSource, Rollout, RolloutStatus
+from rl_backend.store.records import (
+    CallRecord,
+    CallTotals,
+    FailureKind,
+    ModelUse,
+    RewardSource,
+    Rollout,
+    RolloutStatus,
+    RouteKind,
+)
 
 # Each entry moves the schema from version i to i+1. Never edit a shipped entry: append a new one.
 MIGRATIONS: list[str] = [
@@ -111,6 +120,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX train_steps_step ON train_steps (step);
 """,
+    # 2 -> 3: the model the upstream reported serving each call, and how the gateway chose it (records.RouteKind).
+    """
+    ALTER TABLE calls ADD COLUMN served_model TEXT;
+    ALTER TABLE calls ADD COLUMN route TEXT
+""",
 ]
 
 _ROLLOUT_JSON = ("grader_detail",)
@@ -121,8 +135,39 @@ class StoreError(RuntimeError):
     pass
 
 
+# Per rollout: calls, tokens, the cost of the priced calls and how many calls have no price (NULL cost: unknown, which
+# a plain SUM would silently skip).
+_CALL_TOTALS_SQL = (
+    "SELECT rollout_id, COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
+    "COALESCE(SUM(cost_usd), 0.0), SUM(CASE WHEN cost_usd IS NULL THEN 1 ELSE 0 END) "
+    "FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id"
+)
+
+
+def call_totals(conn: sqlite3.Connection) -> dict[str, CallTotals]:
+    """Per rollout id, what its calls used (see CallTotals); summed in SQL, so large calls are never loaded."""
+    return {
+        str(rid): CallTotals(int(n), int(tin), int(tout), float(usd), int(unpriced or 0))
+        for rid, n, tin, tout, usd, unpriced in conn.execute(_CALL_TOTALS_SQL)
+    }
+
+
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def model_use(conn: sqlite3.Connection) -> dict[str, list[ModelUse]]:
+    """Per rollout id, its calls grouped by requested name, upstream/model served, route and reported name."""
+    result: dict[str, list[ModelUse]] = {}
+    for rid, requested, upstream, model, route, reported, n in conn.execute(
+        "SELECT rollout_id, request_model, upstream, model, route, served_model, COUNT(*) FROM calls "
+        "WHERE rollout_id IS NOT NULL GROUP BY rollout_id, request_model, upstream, model, route, served_model"
+    ):
+        served = f"{upstream}/{model}" if model else str(upstream)
+        result.setdefault(str(rid), []).append(
+            ModelUse(requested, served, RouteKind(route) if route else None, reported, int(n))
+        )
+    return result
 
 
 class RunStore:
@@ -330,23 +375,16 @@ class RunStore:
             result.append(CallRecord.model_validate(data))
         return result
 
-    def call_totals_by_rollout(self) -> dict[str, dict[str, float]]:
-        """Per rollout: number of calls, input/output tokens and cost, summed in SQL."""
+    def call_totals_by_rollout(self) -> dict[str, CallTotals]:
+        """Per rollout: number of calls, input/output tokens, priced cost and unpriced calls, summed in SQL."""
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT rollout_id, COUNT(*) AS n, COALESCE(SUM(input_tokens), 0) AS input_tokens, "
-                "COALESCE(SUM(output_tokens), 0) AS output_tokens, COALESCE(SUM(cost_usd), 0.0) AS cost_usd "
-                "FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id"
-            ).fetchall()
-        return {
-            r["rollout_id"]: {
-                "calls": r["n"],
-                "input_tokens": r["input_tokens"],
-                "output_tokens": r["output_tokens"],
-                "cost_usd": r["cost_usd"],
-            }
-            for r in rows
-        }
+            return call_totals(self._conn)
+
+    def model_use_by_rollout(self) -> dict[str, list[ModelUse]]:
+        """Per rollout: its calls grouped by the name the agent asked for, the upstream/model that served them, how
+        the gateway chose it and the name the upstream reported."""
+        with self._lock:
+            return model_use(self._conn)
 
     def count_calls(self) -> int:
         with self._lock:

@@ -6,6 +6,8 @@ Defined once here; everything that writes or reads the run store goes through th
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -82,8 +84,20 @@ class Rollout(BaseModel):
         return self.ended_at - self.started_at
 
 
+class RouteKind(str, Enum):
+    """How the gateway chose the model of a call."""
+
+    named = "named"  # the agent asked for upstream/model
+    knob = "knob"  # the variant's `model` knob overrode the agent's name
+    default = "default"  # the agent's name matched no upstream: the default model served it
+
+
 class CallRecord(BaseModel):
-    """One model call as the gateway saw it, whatever API it came in on."""
+    """One model call as the gateway saw it, whatever API it came in on.
+
+    `request_model` is the name the agent asked for; `upstream` and `model` are where the gateway sent the call and
+    the name it sent; `served_model` is the name the upstream's answer reported (a dated snapshot, or whatever a
+    server that ignores the name has loaded); `route` says why that model was chosen."""
 
     call_id: str
     rollout_id: str | None = None
@@ -91,6 +105,8 @@ class CallRecord(BaseModel):
     upstream: str
     request_model: str | None = None
     model: str | None = None
+    served_model: str | None = None
+    route: RouteKind | None = None
     request: dict[str, Any] = Field(default_factory=dict)
     response: dict[str, Any] | None = None
     stream: bool = False
@@ -118,7 +134,7 @@ class CallRecord(BaseModel):
             "gen_ai.system": system,
             "gen_ai.operation.name": "chat" if operation in ("chat", "messages", "responses") else "text_completion",
             "gen_ai.request.model": self.request_model,
-            "gen_ai.response.model": self.model,
+            "gen_ai.response.model": self.served_model or self.model,
             "gen_ai.usage.input_tokens": self.input_tokens,
             "gen_ai.usage.output_tokens": self.output_tokens,
             "agl.rollout.id": self.rollout_id,
@@ -133,3 +149,55 @@ class CallRecord(BaseModel):
             if name in self.request:
                 attrs[f"gen_ai.request.{name}"] = self.request[name]
         return {k: v for k, v in attrs.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class CallTotals:
+    """What the calls of one rollout (or of several, added up) used. A call without a price (`cost_usd` NULL) makes
+    the cost unknown: `cost_usd` is then None, never the sum of the priced calls alone."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    priced_usd: float = 0.0  # the sum over the calls that have a price
+    unpriced_calls: int = 0
+
+    @property
+    def cost_usd(self) -> float | None:
+        return None if self.unpriced_calls else self.priced_usd
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: CallTotals) -> CallTotals:
+        return CallTotals(
+            self.calls + other.calls, self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens,
+            self.priced_usd + other.priced_usd, self.unpriced_calls + other.unpriced_calls,
+        )
+
+    @classmethod
+    def total(cls, parts: Iterable[CallTotals]) -> CallTotals:
+        result = cls()
+        for part in parts:
+            result = result + part
+        return result
+
+
+@dataclass(frozen=True)
+class ModelUse:
+    """Calls of one rollout grouped by what the agent asked for and what served it."""
+
+    requested: str | None  # the agent's model name
+    served: str  # upstream/model the gateway sent the call to
+    route: RouteKind | None  # None for calls recorded before agl kept it
+    reported: str | None  # the name the upstream's answer gave, when it gave one
+    calls: int
+
+    @property
+    def fell_back(self) -> bool:
+        """The agent asked for a model by a name that matched no upstream, and the default model, under another
+        name, answered instead."""
+        if self.route != RouteKind.default or not self.requested:
+            return False
+        return self.requested not in (self.served, self.served.partition("/")[2])
