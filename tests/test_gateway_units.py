@@ -40,13 +40,36 @@ def test_price_lookup_and_cost() -> None:
     assert table.lookup("gpt-4o-mini-2024-07-18") == table.lookup("gpt-4o-mini") != table.lookup("gpt-4o")
     assert table.lookup("o3-mini") != table.lookup("o3") and table.lookup("gpt-4oops") is None
     usage = Usage(input_tokens=1000, output_tokens=100, cached_tokens=200)
-    assert table.cost(["gpt-4o"], usage, free=False) == pytest.approx((1000 * 1.0 + 100 * 2.0) / 1e6)
+    paid = ResolvedUpstream(name="openai", api="openai", base_urls=["https://api.openai.com/v1"])
+    assert table.cost(paid, ["gpt-4o"], usage) == pytest.approx((1000 * 1.0 + 100 * 2.0) / 1e6)
     mini = (800 * 0.15 + 200 * 0.075 + 100 * 0.6) / 1e6
-    assert table.cost(["nope", "gpt-4o-mini"], usage, free=False) == pytest.approx(mini)
-    assert table.cost(["unknown"], usage, free=False) is None
-    assert table.cost(["unknown"], usage, free=True) == 0.0
+    assert table.cost(paid, ["nope", "gpt-4o-mini"], usage) == pytest.approx(mini)
+    assert table.cost(paid, ["unknown"], usage) is None
+    assert table.cost(paid.model_copy(update={"free": True}), ["unknown"], usage) == 0.0
     with pytest.raises(ValueError, match="needs `input` and `output`"):
         PriceTable({"x": {"input": 1.0}})
+
+
+def test_declared_prices_by_upstream_and_model_beat_the_loopback_rule() -> None:
+    """agl.yaml's `prices:` keyed by upstream/model (or model) win over the shipped table and over the rule that a
+    loopback upstream is free; only `free: true` beats a declared price. An unpriced model on a paid upstream costs
+    None (unknown), never 0."""
+    table = PriceTable({"triage/small-1": {"input": 0.1, "output": 0.4},
+                        "large-1": {"input": 2.0, "cached_input": 0.5, "output": 8.0},
+                        "triage/gpt-4o": {"input": 9.0, "output": 9.0}})
+    local = ResolvedUpstream(name="triage", api="openai", base_urls=["http://127.0.0.1:9/v1"])
+    other = local.model_copy(update={"name": "other"})
+    usage = Usage(input_tokens=1000, output_tokens=100, cached_tokens=200)
+    assert table.cost(local, ["small-1"], usage) == pytest.approx((1000 * 0.1 + 100 * 0.4) / 1e6)
+    assert table.cost(local, ["large-1"], usage) == pytest.approx((800 * 2.0 + 200 * 0.5 + 100 * 8.0) / 1e6)
+    assert table.cost(local, ["gpt-4o"], usage) == pytest.approx((1000 * 9.0 + 100 * 9.0) / 1e6)
+    # the upstream/model key is for that upstream only; elsewhere the loopback rule (free) still holds
+    assert table.cost(other, ["small-1"], usage) == 0.0 and table.knows(other, "small-1")
+    assert table.cost(local, ["tiny-3"], usage) == 0.0  # nothing declared for it: loopback, free
+    assert table.cost(local.model_copy(update={"free": True}), ["large-1"], usage) == 0.0
+    unpriced = local.model_copy(update={"free": False})
+    assert table.cost(unpriced, ["tiny-3"], usage) is None and not table.knows(unpriced, "tiny-3")
+    assert table.knows(unpriced, "small-1")
 
 
 def test_which_upstreams_are_free() -> None:

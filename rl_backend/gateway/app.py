@@ -72,7 +72,7 @@ class Gateway:
         admin_token: str | None = None,
         record_token_ids: bool = True,
         max_body_bytes: int = 32 * 2**20,
-        prices: Mapping[str, Mapping[str, float]] | None = None,
+        prices: Mapping[str, Mapping[str, float]] | None = None,  # declared prices, by upstream/model or model
         retry: RetryPolicy | None = None,
         durable_before_reply: bool = True,
         pause_retry_after_s: float = 2.0,
@@ -288,6 +288,8 @@ class Gateway:
             check_optional(body, "model", "string")
             request_model = body.get("model")
             route = self.router.resolve(request_model, entry.knobs.get("model"), rollout_id)
+            if self.services.spend is not None and not self.services.prices.knows(route.upstream, route.model):
+                raise _unpriced(route.upstream.name, route.model)
             token_ids = self.record_token_ids and route.upstream.returns_token_ids
             exchange = build_exchange(kind, body, route, token_ids=token_ids, knobs=entry.knobs)
         except BaseException as exc:
@@ -363,6 +365,18 @@ class Gateway:
 
     async def _health(self, request: Request) -> Response:
         return json_response(200, {"ok": True})
+
+
+def _unpriced(upstream: str, model: str) -> GatewayError:
+    """Under a budget in USD, a call whose cost could not be counted would make the ceiling a guess: refused."""
+    return GatewayError(
+        400,
+        f"model {upstream}/{model} has no price, so agl cannot count it against the budget: declare it in agl.yaml, "
+        f"e.g. prices: {{{upstream}/{model}: {{input: 0.5, output: 1.5}}}} (USD per 1M tokens), or mark the upstream "
+        "`free: true`",
+        param="model",
+        code="model_unpriced",
+    )
 
 
 def is_loopback_host(host: str) -> bool:

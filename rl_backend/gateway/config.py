@@ -58,6 +58,24 @@ class UpstreamSpec(BaseModel):
         return []
 
 
+class PriceSpec(BaseModel):
+    """One entry of `prices:` in agl.yaml: what a model costs, in USD per 1M tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: float = Field(ge=0, description="USD per 1M input tokens (not read from the prompt cache)")
+    output: float = Field(ge=0, description="USD per 1M output tokens, reasoning tokens included")
+    cached_input: float | None = Field(
+        default=None, ge=0, description="USD per 1M input tokens read from the provider's prompt cache; default: `input`"
+    )
+    cache_write: float | None = Field(
+        default=None, ge=0, description="USD per 1M input tokens written to the prompt cache (Anthropic); default: `input`"
+    )
+
+    def table_entry(self) -> dict[str, float]:
+        return self.model_dump(exclude_none=True)
+
+
 class ResolvedUpstream(BaseModel):
     """An upstream the gateway can call now: embedded ones resolved to the URL of their running server."""
 

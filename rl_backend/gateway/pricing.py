@@ -1,4 +1,5 @@
-"""What a call cost: token usage times the price table shipped in `prices.json`, overridable per model."""
+"""What a call cost: token usage times a price per 1M tokens, declared in agl.yaml (`prices:`) or shipped in
+`prices.json`. A call with no price has an unknown cost (None), never 0."""
 
 from __future__ import annotations
 
@@ -73,28 +74,60 @@ def upstream_is_free(upstream: ResolvedUpstream) -> bool:
 
 
 class PriceTable:
-    def __init__(self, overrides: Mapping[str, Mapping[str, float]] | None = None) -> None:
-        self._prices = _load_shipped()
-        for name, raw in (overrides or {}).items():
-            self._prices[name] = Price.parse(name, raw)
+    """The shipped prices (`prices.json`, by model name) under the declared ones (agl.yaml's `prices:`, keyed by
+    `upstream/model` or by a model name for every upstream). A declared price wins over the shipped one, and over
+    the rule that counts loopback and token-id upstreams as free; only `free: true` on the upstream beats it."""
 
-    def lookup(self, model: str | None) -> Price | None:
-        """Exact name, else the longest known name that prefixes it at a '-' (dated snapshots)."""
+    def __init__(self, declared: Mapping[str, Mapping[str, float] | Price] | None = None) -> None:
+        self._shipped = _load_shipped()
+        self._declared = {
+            name: raw if isinstance(raw, Price) else Price.parse(name, raw) for name, raw in (declared or {}).items()
+        }
+
+    def find(self, model: str | None, upstream: str | None = None) -> tuple[Price | None, bool]:
+        """The price of `model` on `upstream`, and whether it was declared (not shipped). An exact name wins (the
+        upstream's own entry first, then the declared, then the shipped one); else the longest name that prefixes
+        `model` at a '-' (a dated snapshot such as gpt-4o-2024-08-06), a declared one on a tie."""
         if not model:
-            return None
-        if model in self._prices:
-            return self._prices[model]
-        best: str | None = None
-        for name in self._prices:
-            if model.startswith(name + "-") and (best is None or len(name) > len(best)):
-                best = name
-        return None if best is None else self._prices[best]
+            return None, False
+        scoped = f"{upstream}/" if upstream else None
+        for table, key, declared in ((self._declared, f"{scoped}{model}" if scoped else None, True),
+                                     (self._declared, model, True), (self._shipped, model, False)):
+            if key is not None and key in table:
+                return table[key], declared
+        best: tuple[int, int, Price, bool] | None = None  # (length of the matched name, priority, price, declared)
+        candidates = [(name.removeprefix(scoped) if scoped and name.startswith(scoped) else name, 2 if scoped and
+                       name.startswith(scoped) else 1, price, True) for name, price in self._declared.items()]
+        candidates += [(name, 0, price, False) for name, price in self._shipped.items()]
+        for name, priority, price, declared in candidates:
+            if model.startswith(name + "-") and (best is None or (len(name), priority) > best[:2]):
+                best = (len(name), priority, price, declared)
+        return (best[2], best[3]) if best is not None else (None, False)
 
-    def cost(self, models: list[str | None], usage: Usage, *, free: bool) -> float | None:
-        """USD for this usage; 0 for a free upstream; None when the model has no price or usage is unknown."""
-        if free:
+    def lookup(self, model: str | None, upstream: str | None = None) -> Price | None:
+        return self.find(model, upstream)[0]
+
+    def _priced(self, upstream: ResolvedUpstream, models: list[str | None]) -> tuple[Price | None, bool]:
+        for model in models:
+            price, declared = self.find(model, upstream.name)
+            if price is not None:
+                return price, declared
+        return None, False
+
+    def is_free(self, upstream: ResolvedUpstream, models: list[str | None]) -> bool:
+        if upstream.free is not None:
+            return upstream.free
+        return upstream_is_free(upstream) and not self._priced(upstream, models)[1]
+
+    def knows(self, upstream: ResolvedUpstream, model: str | None) -> bool:
+        """Whether a call of `model` on `upstream` will have a cost (free, or priced), before making it."""
+        return self.is_free(upstream, [model]) or self._priced(upstream, [model])[0] is not None
+
+    def cost(self, upstream: ResolvedUpstream, models: list[str | None], usage: Usage) -> float | None:
+        """USD for this usage; 0 for a free upstream; None when no model has a price or the usage is unknown."""
+        if self.is_free(upstream, models):
             return 0.0
-        price = next((p for p in (self.lookup(m) for m in models) if p is not None), None)
+        price, _ = self._priced(upstream, models)
         if price is None or usage.input_tokens is None or usage.output_tokens is None:
             return None
         cached = usage.cached_tokens or 0
