@@ -115,7 +115,8 @@ class EvalRunner:
         if budget.rollouts is not None and started >= budget.rollouts:
             return False
         if budget.usd is not None:
-            spent = sum(t["cost_usd"] for t in self.store.call_totals_by_rollout().values())
+            # The priced spend: a budget in USD starts only when every model it can call has a price (agl_cli.prices).
+            spent = sum(t.priced_usd for t in self.store.call_totals_by_rollout().values())
             if spent >= budget.usd:
                 return False
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from pathlib import Path
@@ -9,9 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agl_cli.env_values import expand as expand_env
 from agl_cli.errors import ConfigError
 from agl_cli.yaml_source import YamlDocument
-from rl_backend.gateway.config import UpstreamSpec
+from rl_backend.gateway.config import PriceSpec, UpstreamSpec
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 
 AGENT_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "rollout_id", "python"}
@@ -19,6 +21,7 @@ GRADER_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "python"}
 GATEWAY_KNOBS = {"model", "temperature", "top_p", "max_tokens", "reasoning_effort", "system_prompt"}
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+REFERENCE = "docs/agl-yaml.md"  # every key of agl.yaml, generated from these models (agl_cli/docgen.py)
 
 
 class _Strict(BaseModel):
@@ -44,10 +47,20 @@ def _check_placeholders(template: str, allowed: set[str]) -> None:
 
 
 class AgentSpec(_Strict):
-    command: str | None = None
-    entry: str | None = Field(default=None, description="module:function taking (task: dict) and returning the output")
-    timeout_s: float = Field(default=120.0, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
+    """`agent:`: the unchanged agent, run once per rollout. Give `command` or `entry`."""
+
+    command: str | None = Field(
+        default=None,
+        description="shell command run in the spec's folder; placeholders: {task_file}, {output_file}, "
+        "{rollout_dir}, {rollout_id}, {python} (agl's own interpreter)",
+    )
+    entry: str | None = Field(
+        default=None, description="package.module:function taking (task: dict) and returning the output"
+    )
+    timeout_s: float = Field(
+        default=120.0, gt=0, description="seconds before the rollout's process group is killed (status timed_out)"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the agent")
 
     @model_validator(mode="after")
     def _one_form(self) -> AgentSpec:
@@ -61,12 +74,16 @@ class AgentSpec(_Strict):
 
 
 class SplitByField(_Strict):
-    field: str
+    """`tasks.split: {field: NAME}`: each task names its split in a field."""
+
+    field: str = Field(description="the task field holding its split name (train, val, test...)")
 
 
 class SplitByFractions(_Strict):
-    fractions: dict[str, float]
-    seed: int = 0
+    """`tasks.split: {fractions: {...}, seed: N}`: a seeded random split."""
+
+    fractions: dict[str, float] = Field(description="split name -> share of the tasks; the shares add up to 1")
+    seed: int = Field(default=0, description="seed of the random assignment")
 
     @field_validator("fractions")
     @classmethod
@@ -82,16 +99,28 @@ class SplitByFractions(_Strict):
 
 
 class TasksSpec(_Strict):
-    path: str
-    split: SplitByField | SplitByFractions | None = None
-    id_field: str = "id"
+    """`tasks:`: the task set, one JSON object per line."""
+
+    path: str = Field(description="the JSONL file, relative to agl.yaml's folder")
+    split: SplitByField | SplitByFractions | None = Field(
+        default=None, description="how tasks divide into splits: {field: NAME} or {fractions: {...}, seed: N}"
+    )
+    id_field: str = Field(default="id", description="the field naming each task (else its line number)")
 
 
 class GraderSpec(_Strict):
-    command: str | None = None
-    entry: str | None = None
-    reported: bool = False
-    timeout_s: float = Field(default=60.0, gt=0)
+    """`grader:`: how a rollout is scored. Give exactly one of `command`, `entry`, `reported: true`."""
+
+    command: str | None = Field(
+        default=None,
+        description="shell command printing a number or JSON {\"score\": x, ...}; placeholders: {task_file}, "
+        "{output_file}, {rollout_dir}, {python}",
+    )
+    entry: str | None = Field(
+        default=None, description="package.module:function (task: dict, output: str) -> float | dict"
+    )
+    reported: bool = Field(default=False, description="the agent POSTs its reward to $AGL_REWARD_URL")
+    timeout_s: float = Field(default=60.0, gt=0, description="seconds before the grader is killed")
 
     @model_validator(mode="after")
     def _one_form(self) -> GraderSpec:
@@ -109,12 +138,21 @@ class GraderSpec(_Strict):
 
 
 class KnobSpec(_Strict):
-    values: list[Any] | None = None
-    files: list[str] | None = None
-    via: Literal["gateway", "env", "file"]
-    name: str | None = Field(default=None, description="env: the variable name")
-    path: str | None = Field(default=None, description="file: where to render it, may use {rollout_dir}")
-    mode: Literal["replace", "prepend"] = "replace"
+    """One entry of `knobs:`: a setting to compare. Its first option is the baseline."""
+
+    values: list[Any] | None = Field(default=None, description="the options, as values")
+    files: list[str] | None = Field(default=None, description="the options, as files (relative to agl.yaml)")
+    via: Literal["gateway", "env", "file"] = Field(
+        description="gateway: the gateway rewrites each request (model, temperature, top_p, max_tokens, "
+        "reasoning_effort, system_prompt); env: an environment variable; file: a file the agent reads"
+    )
+    name: str | None = Field(default=None, description="via env: the variable name, e.g. AGENT_MAX_TURNS")
+    path: str | None = Field(
+        default=None, description="via file: where to write it, e.g. '{rollout_dir}/prompt.md'"
+    )
+    mode: Literal["replace", "prepend"] = Field(
+        default="replace", description="system_prompt: replace the agent's system prompt, or prepend to it"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> KnobSpec:
@@ -148,7 +186,7 @@ class ProposerSpec(_Strict):
     temperature: float | None = Field(default=None, ge=0, le=2, description="unset: the model's default")
     max_tokens: int = Field(default=2048, ge=16, description="the proposer's reply length limit")
     max_prompt_chars: int = Field(default=20000, ge=1, description="longer proposals are rejected")
-    seed: int = 0
+    seed: int = Field(default=0, description="seed of the parent draws")
 
     @field_validator("model")
     @classmethod
@@ -162,24 +200,49 @@ class ProposerSpec(_Strict):
 
 
 class BudgetSpec(_Strict):
-    usd: float | None = Field(default=None, ge=0)
-    rollouts: int | None = Field(default=None, ge=1)
+    """`budget:`: hard ceilings for one run or study."""
+
+    usd: float | None = Field(
+        default=None, ge=0,
+        description="model spend in USD; the gateway refuses calls past it. Every model that is not free needs a "
+        "price (shipped, or under `prices:`)",
+    )
+    rollouts: int | None = Field(default=None, ge=1, description="rollouts started")
 
 
 class ExperimentSpec(_Strict):
-    name: str = "experiment"
-    agent: AgentSpec
-    tasks: TasksSpec
-    grader: GraderSpec
-    upstreams: dict[str, UpstreamSpec] = Field(default_factory=dict)
-    model: str | None = None
-    knobs: dict[str, KnobSpec] = Field(default_factory=dict)
-    seeds: int = Field(default=1, ge=1)
-    concurrency: int = Field(default=4, ge=1, le=1024)
-    budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    runner: Literal["local", "kubernetes"] = "local"
-    kubernetes: KubernetesSpec | None = None
-    proposer: ProposerSpec | None = None
+    """agl.yaml: the experiment spec. Only `agent`, `tasks` and `grader` are required."""
+
+    name: str = Field(default="experiment", description="the study's name, shown in reports")
+    agent: AgentSpec = Field(description="the agent, run unchanged once per rollout")
+    tasks: TasksSpec = Field(description="the task set")
+    grader: GraderSpec = Field(description="how a rollout is scored")
+    upstreams: dict[str, UpstreamSpec] = Field(
+        default_factory=dict,
+        description="where model names are served, by upstream name; a call naming `upstream/model` goes there",
+    )
+    model: str | None = Field(
+        default=None,
+        description="the default upstream/model: a call whose model name matches no upstream goes here (agl shows "
+        "which calls fell back to it)",
+    )
+    prices: dict[str, PriceSpec] = Field(
+        default_factory=dict,
+        description="USD per 1M tokens, keyed by upstream/model (or a model name, for every upstream); wins over "
+        "agl's shipped prices and makes a loopback upstream's calls priced. A call with no price has an unknown "
+        "cost, shown as such, never $0",
+    )
+    knobs: dict[str, KnobSpec] = Field(default_factory=dict, description="the settings to compare, by knob name")
+    seeds: int = Field(default=1, ge=1, description="runs per task (more seeds measure reliability, pass^k)")
+    concurrency: int = Field(default=4, ge=1, le=1024, description="rollouts at once")
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="hard ceilings")
+    runner: Literal["local", "kubernetes"] = Field(
+        default="local", description="local processes, or one Kubernetes Job per rollout"
+    )
+    kubernetes: KubernetesSpec | None = Field(default=None, description="with `runner: kubernetes`")
+    proposer: ProposerSpec | None = Field(
+        default=None, description="the LLM that writes prompts for `agl optimize --strategy reflect`"
+    )
 
     # Where the spec file lives; relative paths in it resolve from here. Not a YAML key.
     base_dir: Path = Field(default=Path("."), exclude=True)
@@ -245,7 +308,7 @@ def _format_error(doc: YamlDocument, error: dict[str, Any]) -> str:
     field = ".".join(str(p) for p in loc) or "(top level)"
     msg = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        return f"{where}: `{field}` is not a key agl knows; check its spelling against DESIGN.md's agl.yaml keys"
+        return f"{where}: `{field}` is not a key agl knows; check its spelling against {REFERENCE}"
     if error["type"] == "missing":
         return f"{where}: `{field}` is required but missing"
     found = "" if error["type"].startswith("value_error") else f" (found {_describe_input(error.get('input'))})"
@@ -278,13 +341,14 @@ def load_spec(path: Path | str) -> ExperimentSpec:
     if spec_path.is_dir():
         spec_path = spec_path / "agl.yaml"
     doc = YamlDocument.load(spec_path)
+    data = expand_env(doc, os.environ)
     try:
-        spec = ExperimentSpec.model_validate(doc.data)
+        spec = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         problems = [_format_error(doc, e) for e in exc.errors()]  # type: ignore[arg-type]
         raise ConfigError(
             f"{spec_path} is not a valid experiment spec:\n  " + "\n  ".join(problems),
-            hint="`agl init` writes a commented starter agl.yaml",
+            hint=f"every key is described in {REFERENCE}; `agl init` writes a commented starter agl.yaml",
         ) from None
     spec.base_dir = spec_path.resolve().parent
     if not spec.resolve(spec.tasks.path).is_file():

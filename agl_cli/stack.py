@@ -78,6 +78,10 @@ def policy_upstream(name: str, upstream: Any, *, log: Any = None) -> ResolvedUps
 def running_stack(
     spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None
 ) -> Iterator[Stack]:
+    if spend_limit is not None:
+        from agl_cli.prices import check_budget_prices
+
+        check_budget_prices(spec, spend_limit.limit_usd)
     # A spec whose agent calls no model through agl and reports no reward needs no gateway, remote or not.
     if os.environ.get(GATEWAY_URL_ENV, "").strip() and (spec.upstreams or spec.grader.reported):
         with remote_stack(log=log, spend_limit=spend_limit) as stack:
@@ -140,8 +144,11 @@ def running_stack(
             default_model = f"{only.name}/{only.default_model}" if only.default_model else None
         # Pods reach the gateway over the network: it listens beyond loopback, which needs an admin token.
         listen = spec.kubernetes.listen_address() if spec.runner == "kubernetes" and spec.kubernetes else None
+        from agl_cli.prices import declared_prices
+
         gateway = Gateway(resolved, store, default_model=default_model, record_token_ids=True,
-                          admin_token=secrets.token_urlsafe(32) if listen else None, spend_limit=spend_limit)
+                          admin_token=secrets.token_urlsafe(32) if listen else None, spend_limit=spend_limit,
+                          prices=declared_prices(spec))
         gateway_server = start_gateway(gateway, *listen) if listen else start_gateway(gateway)
         exits.callback(gateway_server.stop)
         yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved, embedded=embedded)

@@ -352,11 +352,13 @@ def test_interrupted_reflect_study_resumes_without_asking_or_running_anything_tw
 
 
 def test_the_budget_stops_proposing_and_a_resume_with_more_continues_without_asking_again(tmp_path: Path) -> None:
-    # Each scripted proposal costs $0.00096 (1200 + 300 tokens of gpt-4.1-mini); the agent's own model is unpriced.
+    # Each scripted proposal costs $0.00096 (1200 + 300 tokens of gpt-4.1-mini); the agent's own model is declared
+    # free of charge (a budget needs every model it may pay for to have a price).
     script: list[str | int] = [f"<prompt>{BASE_PROMPT}</prompt>", "<prompt>Go CAREFULLY.</prompt>",
                                "<prompt>Go CAREFULLY and check.</prompt>"]
     with ScriptedLLM(script) as llm:
-        _scripted_spec(tmp_path, llm, rounds=3, n_val=20, n_test=6)
+        _scripted_spec(tmp_path, llm, rounds=3, n_val=20, n_test=6,
+                       prices={"scripted/agent-model": {"input": 0.0, "output": 0.0}})
         result = run_agl(["optimize", "agl.yaml", "--strategy", "reflect", "--budget-usd", "0.0015", "--json", "-q"],
                          cwd=tmp_path, env=KEY_ENV)
         assert result.returncode == 0, result.stderr

@@ -23,6 +23,7 @@ def _prepare_new(
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
     from agl_cli.optimize.cache import agent_version
+    from agl_cli.prices import check_budget_prices
     from agl_cli.rundir import RunDir, git_sha, runs_root
     from agl_cli.spec import load_spec
     from agl_cli.tasks import load_tasks, select_tasks, task_set_hash
@@ -31,6 +32,7 @@ def _prepare_new(
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     spec = load_spec(config)
+    check_budget_prices(spec, spec.budget.usd)  # before the run exists: nothing to clean up
     tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
     variants = [parse_variant(spec, name) for name in variant_names] or [baseline(spec)]
     unique = {v.name: v for v in variants}
@@ -143,7 +145,7 @@ def execute_eval(
     if spec.budget.usd is not None:
         from rl_backend.gateway.budget import SpendLimit
 
-        spent = sum(t["cost_usd"] for t in store.call_totals_by_rollout().values())
+        spent = sum(t.priced_usd for t in store.call_totals_by_rollout().values())
         spend_limit = SpendLimit(spec.budget.usd, spent_usd=spent, hint="raise budget.usd in agl.yaml and resume the run")
     with running_stack(spec, store, log=console.print, spend_limit=spend_limit) as stack:
         controller = make_controller(spec, run.run_id)
@@ -225,7 +227,7 @@ def eval_command(
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, stderr_console, stdout_console
-    from agl_cli.display import print_missing_reasons, variant_table
+    from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
 
     if resume is not None:
@@ -264,6 +266,7 @@ def eval_command(
         out.print(variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
         print_missing_reasons(out, summaries)
         stderr_console().print(f"run stored in {run.path}")
+    print_model_warnings(stderr_console(), summaries)
     if gate is not None:
         stderr_console().print(("REGRESSION: " if gate[0] else "no regression: ") + gate[1])
     if result["status"] == "interrupted":

@@ -22,6 +22,7 @@ from agl_cli.optimize.space import (
     variants_from_manifest,
     with_candidates,
 )
+from agl_cli.prices import check_budget_prices
 from agl_cli.rundir import RunDir, find_run, git_sha, runs_root
 from agl_cli.spec import ExperimentSpec, load_spec
 from agl_cli.tasks import Task, load_tasks, select_tasks, task_set_hash
@@ -105,6 +106,9 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
     """Everything a new study needs, without creating its directory yet (a dry run may not need one)."""
     spec_path = (config / "agl.yaml" if config.is_dir() else config).resolve()
     spec = load_spec(spec_path)
+    budget_flag = options.budget_usd is not None
+    check_budget_prices(spec, options.budget_usd if budget_flag else spec.budget.usd,
+                        source="--budget-usd" if budget_flag else "budget.usd")
     candidates = [parse_candidate(spec, text, cwd) for text in candidate_texts]
     options.candidates = [c.as_dict() for c in candidates]
     working = with_candidates(spec, candidates)
@@ -208,7 +212,8 @@ class Ledger:
     def refresh(self) -> None:
         imported = imported_ids(self.store)
         totals = self.store.call_totals_by_rollout()
-        own = {rid: t["cost_usd"] for rid, t in totals.items() if rid not in imported}
+        # Priced spend: a budget in USD only starts when every model it calls has a price (agl_cli.prices).
+        own = {rid: t.priced_usd for rid, t in totals.items() if rid not in imported}
         self.spent_usd = float(sum(own.values()))
         # The reflect proposer's calls are spent, but are no rollout's: they must not inflate the reserve per rollout.
         rollouts_usd = sum(cost for rid, cost in own.items() if not rid.startswith(PROPOSER_SCOPE))
