@@ -40,7 +40,8 @@ class UpstreamUse:
     with_token_ids: int = 0
     output_tokens: int = 0
     latency_s: float = 0.0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0  # of the priced calls
+    unpriced_calls: int = 0  # calls without a price: the cost is unknown when there are any
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Evidence:
                 t.output_tokens += use.output_tokens
                 t.latency_s += use.latency_s
                 t.cost_usd += use.cost_usd
+                t.unpriced_calls += use.unpriced_calls
         return dict(total)
 
 
@@ -120,11 +122,12 @@ def _read_store(path: Path, run_id: str) -> tuple[list[RolloutRow], dict[str, Up
             for row in conn.execute(
                 "SELECT upstream, COUNT(*) AS n, SUM(completion_token_ids IS NOT NULL) AS ids, "
                 "COALESCE(SUM(output_tokens), 0) AS out, COALESCE(SUM(latency_s), 0.0) AS lat, "
-                "COALESCE(SUM(cost_usd), 0.0) AS cost FROM calls WHERE status_code IS NULL OR status_code < 400 "
-                "GROUP BY upstream"
+                "COALESCE(SUM(cost_usd), 0.0) AS cost, SUM(cost_usd IS NULL) AS unpriced FROM calls "
+                "WHERE status_code IS NULL OR status_code < 400 GROUP BY upstream"
             ):
                 upstreams[row["upstream"]] = UpstreamUse(
-                    int(row["n"]), int(row["ids"] or 0), int(row["out"]), float(row["lat"]), float(row["cost"])
+                    int(row["n"]), int(row["ids"] or 0), int(row["out"]), float(row["lat"]), float(row["cost"]),
+                    int(row["unpriced"] or 0),
                 )
             for row in conn.execute("SELECT DISTINCT rollout_id, upstream FROM calls WHERE rollout_id IS NOT NULL"):
                 served[row["rollout_id"]].add(row["upstream"])

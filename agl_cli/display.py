@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agl_cli.console import fmt_ci
+from agl_cli.costs import usd_text
 from agl_cli.summary import VariantSummary
 
 
@@ -19,6 +20,7 @@ def variant_table(summaries: list[VariantSummary], *, title: str) -> Table:
     for column, justify in [
         ("variant", "left"), ("n", "right"), ("accuracy [95% CI]", "right"), ("missing", "right"),
         ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"), ("cost", "right"),
+        ("served by", "left"),
     ]:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for s in summaries:
@@ -30,9 +32,17 @@ def variant_table(summaries: list[VariantSummary], *, title: str) -> Table:
             "—" if s.error_rate is None else f"{100 * s.error_rate:.0f}%",
             f"{_seconds(s.latency_p50)} / {_seconds(s.latency_p95)}",
             f"{s.input_tokens:,} / {s.output_tokens:,}",
-            f"${s.cost_usd:.4f}",
+            usd_text(s.cost_usd, s.unpriced_calls),
+            Text(s.served.label()),
         )
     return table
+
+
+def print_model_warnings(console: Console, summaries: list[VariantSummary]) -> None:
+    """A line per variant whose calls asked for one model and were served by another (the default)."""
+    for s in summaries:
+        for line in s.model_warnings:
+            console.print(f"warning: {line}", markup=False, highlight=False)
 
 
 def print_missing_reasons(console: Console, summaries: list[VariantSummary]) -> None:

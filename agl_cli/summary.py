@@ -1,14 +1,18 @@
-"""Per-variant summaries of a run: accuracy with its interval, missing rewards and why, errors, latency, spend."""
+"""Per-variant summaries of a run: accuracy with its interval, missing rewards and why, errors, latency, spend
+(unknown when a call has no price), and the model that served the variant's calls."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl_cli.costs import totals_of
+from agl_cli.served import ServedModels, served_models
 from agl_cli.stats import Estimate, bootstrap_mean, percentile
 from rl_backend.store.db import RunStore
-from rl_backend.store.records import Rollout, RolloutStatus
+from rl_backend.store.records import CallTotals, ModelUse, Rollout, RolloutStatus
 
 
 @dataclass
@@ -26,8 +30,14 @@ class VariantSummary:
     input_tokens: int
     output_tokens: int
     calls: int
-    cost_usd: float
+    cost_usd: float | None  # None: some call has no price (see unpriced_calls)
+    unpriced_calls: int = 0
     knobs: dict[str, Any] = field(default_factory=dict)
+    served: ServedModels = field(default_factory=ServedModels)
+
+    @property
+    def model_warnings(self) -> list[str]:
+        return self.served.warnings(self.name)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -44,12 +54,17 @@ class VariantSummary:
             "tokens": {"input": self.input_tokens, "output": self.output_tokens},
             "calls": self.calls,
             "cost_usd": self.cost_usd,
+            "unpriced_calls": self.unpriced_calls,
             "knobs": self.knobs,
+            "served_by": self.served.served,
+            "models": self.served.as_json(),
+            "model_warnings": self.model_warnings,
         }
 
 
 def summarize_variant(
-    name: str, rollouts: list[Rollout], planned: int, totals: dict[str, dict[str, float]], knobs: dict[str, Any]
+    name: str, rollouts: list[Rollout], planned: int, totals: Mapping[str, CallTotals], knobs: dict[str, Any],
+    uses: Mapping[str, list[ModelUse]] | None = None,
 ) -> VariantSummary:
     finished = [r for r in rollouts if r.status.terminal]
     scored = [r for r in finished if r.reward is not None]
@@ -60,7 +75,7 @@ def summarize_variant(
     errors = sum(1 for r in finished if r.status == RolloutStatus.failed and r.failure and "agent" in r.failure.value)
     timeouts = sum(1 for r in finished if r.status == RolloutStatus.timed_out)
     durations = [d for r in finished if (d := r.duration_s) is not None]
-    used = [totals.get(r.id, {}) for r in finished]
+    used = totals_of(finished, totals)
     return VariantSummary(
         name=name,
         planned=planned,
@@ -72,11 +87,13 @@ def summarize_variant(
         timeout_rate=timeouts / len(finished) if finished else None,
         latency_p50=percentile(durations, 50),
         latency_p95=percentile(durations, 95),
-        input_tokens=int(sum(u.get("input_tokens", 0) for u in used)),
-        output_tokens=int(sum(u.get("output_tokens", 0) for u in used)),
-        calls=int(sum(u.get("calls", 0) for u in used)),
-        cost_usd=float(sum(u.get("cost_usd", 0.0) for u in used)),
+        input_tokens=used.input_tokens,
+        output_tokens=used.output_tokens,
+        calls=used.calls,
+        cost_usd=used.cost_usd,
+        unpriced_calls=used.unpriced_calls,
         knobs=knobs,
+        served=served_models(finished, uses or {}),
     )
 
 
@@ -84,10 +101,11 @@ def summarize_run(store: RunStore, planned_keys: dict[str, list[str]]) -> list[V
     """`planned_keys`: variant name -> the rollout keys the run planned for it (its denominator)."""
     latest = store.rollouts(latest_only=True)
     totals = store.call_totals_by_rollout()
+    uses = store.model_use_by_rollout()
     variants = store.variants()
     result = []
     for name, keys in planned_keys.items():
         wanted = set(keys)
         mine = [r for r in latest if r.key in wanted]
-        result.append(summarize_variant(name, mine, len(keys), totals, variants.get(name, {}).get("knobs", {})))
+        result.append(summarize_variant(name, mine, len(keys), totals, variants.get(name, {}).get("knobs", {}), uses))
     return result

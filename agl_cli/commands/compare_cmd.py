@@ -16,7 +16,8 @@ from agl_cli.cli_support import handle_errors
 
 if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
-    from rl_backend.store.records import Rollout
+    from agl_cli.served import ServedModels
+    from rl_backend.store.records import CallTotals, ModelUse, Rollout
 
 TESTS = {"mcnemar_exact": "McNemar exact", "sign_test": "sign test", "none": "no test"}
 
@@ -27,11 +28,19 @@ class Side:
     run: RunDir
     variant: str
     rollouts: list[Rollout]
-    totals: dict[str, dict[str, float]]
+    totals: dict[str, CallTotals]
+    uses: dict[str, list[ModelUse]]
+    knobs: dict[str, Any]
 
     @property
     def label(self) -> str:
         return f"{self.run.run_id}:{self.variant}"
+
+    @property
+    def served(self) -> ServedModels:
+        from agl_cli.served import served_models
+
+        return served_models(self.rollouts, self.uses)
 
 
 def _variants_in(run: RunDir) -> list[str]:
@@ -107,41 +116,50 @@ def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
         rollouts = [r for r in store.rollouts(variant=variant, latest_only=True)
                     if r.status.terminal and (split is None or r.split == split)]
         totals = store.call_totals_by_rollout()
+        uses = store.model_use_by_rollout()
+        knobs = store.variants().get(variant, {}).get("knobs", {})
     finally:
         store.close()
     if not rollouts:
         where = f" in split {split!r}" if split else ""
         raise UsageError(f"{ref!r}: variant {variant!r} of run {run.run_id} has no finished rollouts{where}")
-    return Side(ref, run, variant, rollouts, totals)
-
-
-def _measure(side: Side) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
-    cost = {(r.task_id, r.seed): float(side.totals.get(r.id, {}).get("cost_usd", 0.0)) for r in side.rollouts}
-    latency = {(r.task_id, r.seed): d for r in side.rollouts if (d := r.duration_s) is not None}
-    return cost, latency
+    return Side(ref, run, variant, rollouts, totals, uses, knobs)
 
 
 def compare_sides(base: Side, candidates: list[Side]) -> list[dict[str, Any]]:
+    from agl_cli.costs import latencies, paired_cost
     from agl_cli.optimize.objectives import scores_of
     from agl_cli.paired import compare_many, difference
 
     base_scores = scores_of(base.rollouts)
     cand_scores = {str(i): scores_of(side.rollouts) for i, side in enumerate(candidates)}
     results = compare_many(base_scores, cand_scores)
-    base_cost, base_latency = _measure(base)
     docs = []
     for i, side in enumerate(candidates):
-        cost, latency = _measure(side)
         shared = {(r.task_id, r.seed) for r in base.rollouts} & {(r.task_id, r.seed) for r in side.rollouts}
         result = results[str(i)]
         docs.append({
             "candidate": {"ref": side.ref, "run_id": side.run.run_id, "variant": side.variant},
             **result.as_dict(),
             "unscored_pairs": len(shared) - result.n_pairs,
-            "cost_usd_per_task": difference(base_cost, cost).as_dict(),
-            "latency_s": difference(base_latency, latency).as_dict(),
+            "cost_usd_per_task": paired_cost(base.rollouts, side.rollouts, base.totals, side.totals),
+            "latency_s": difference(latencies(base.rollouts), latencies(side.rollouts)).as_dict(),
+            "served_by": {"baseline": base.served.served, "candidate": side.served.served},
+            "model_warnings": base.served.warnings(base.label) + side.served.warnings(side.label),
         })
     return docs
+
+
+def same_model_problems(base: Side, candidates: list[Side]) -> list[str]:
+    """Candidates that asked for another model than the baseline but were served by the very same one."""
+    from agl_cli.served import same_model
+
+    problems = []
+    for side in candidates:
+        why = same_model(base.label, base.served, base.knobs, side.label, side.served, side.knobs)
+        if why:
+            problems.append(why)
+    return problems
 
 
 def _signed(value: float | None, ci: list[float] | None, fmt: str, scale: float = 1.0) -> str:
@@ -161,7 +179,12 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
         f"{doc['n_tasks']} tasks ({doc['n_pairs']} pairs; {TESTS.get(doc['test'], doc['test'])} {p})"
     )
     cost = doc.get("cost_usd_per_task")
-    if cost and cost["difference"]["mean"]:
+    from agl_cli.costs import cost_unknown_reason
+
+    unknown = cost_unknown_reason(cost) if cost else None
+    if unknown:
+        text += f"; {unknown}"
+    elif cost and cost["difference"]["mean"]:
         text += f"; cost/task {_signed(cost['difference']['mean'], cost['difference']['ci95'], '+.4f')} USD"
     latency = doc.get("latency_s")
     if latency and latency["difference"]["mean"] is not None:
@@ -193,6 +216,10 @@ def compare_command(
         raise UsageError("give a baseline and at least one candidate: agl compare A B [C ...]")
     sides = [load_side(ref, r, variant, split) for ref, r, variant in resolve(refs, run, runs_dir)]
     base, candidates = sides[0], sides[1:]
+    same = same_model_problems(base, candidates)
+    if same:
+        raise UsageError("; ".join(same), hint="a model name the gateway does not know goes to the default `model`; "
+                         "name the model as upstream/model (or use the `model` knob via gateway) and run again")
     docs = compare_sides(base, candidates)
     empty = [d["candidate"]["ref"] for d in docs if d["n_pairs"] == 0]
     if empty:
@@ -208,7 +235,7 @@ def compare_command(
         print_json(document)
     else:
         table = Table(title=f"against {base.label}" + (f" ({split})" if split else ""), title_justify="left")
-        for column in ("candidate", "tasks", "A", "B", "B - A [95% CI]", "p", "verdict"):
+        for column in ("candidate", "tasks", "A", "B", "B - A [95% CI]", "p", "verdict", "served by (A / B)"):
             table.add_column(column, justify="left" if column in ("candidate", "verdict") else "right")
         def short(side: Side) -> str:
             return side.variant if side.run.path == base.run.path else side.label
@@ -218,11 +245,15 @@ def compare_command(
                 Text(short(side)), str(d["n_tasks"]), f"{100 * d['baseline_mean']:.1f}%",
                 f"{100 * d['candidate_mean']:.1f}%",
                 _signed(d["difference"]["mean"], d["difference"]["ci95"], "+.1f", 100), f"{d['p_adjusted']:.3g}",
-                Text(d["verdict"]),
+                Text(d["verdict"]), Text(f"{base.served.label()} / {side.served.label()}"),
             )
         out = stdout_console()
         out.print(table)
         for side, d in zip(candidates, docs, strict=True):
             out.print(sentence(short(side), d), markup=False)
+    from agl_cli.console import stderr_console
+
+    for line in dict.fromkeys(w for d in docs for w in d["model_warnings"]):
+        stderr_console().print(f"warning: {line}", markup=False, highlight=False)
     if fail_on_worse and worse:
         raise typer.Exit(3)

@@ -36,12 +36,14 @@ def _print_projection(out: Console, doc: dict[str, Any]) -> None:
     if per["source"] == "none":
         out.print("no per-rollout cost or time known (no history for this agent version, and --pilot 0)")
     else:
-        out.print(f"per rollout (from {per['source']}, n={per['n']}): ${per['cost_usd']:.5f}, "
+        cost = "cost unknown (calls without a price)" if per["cost_usd"] is None else f"${per['cost_usd']:.5f}"
+        out.print(f"per rollout (from {per['source']}, n={per['n']}): {cost}, "
                   f"{per['input_tokens']:.0f} in / {per['output_tokens']:.0f} out tokens, {per['duration_s']:.1f}s")
     for name, entry in doc["projected"].items():
         line = f"  {name.replace('_', ' ')}: {entry['rollouts']} rollouts ({entry['to_run']} to run)"
         if "cost_usd" in entry:
-            line += (f", ${entry['cost_usd']:.4f}, {entry['input_tokens'] + entry['output_tokens']:,} tokens, "
+            cost = "cost unknown" if entry["cost_usd"] is None else f"${entry['cost_usd']:.4f}"
+            line += (f", {cost}, {entry['input_tokens'] + entry['output_tokens']:,} tokens, "
                      f"about {entry['time_s'] / 60:.1f} min at concurrency {doc['concurrency']}")
         out.print(line, markup=False)
     budget = doc["budget"]
@@ -60,7 +62,9 @@ def _print_reflect(out: Console, reflect: dict[str, Any] | None) -> None:
         state = "accepted" if p["accepted"] else f"{p['status']}: {p['reason']}"
         out.print(f"proposal {p['n']} (parent {p['parent']}): {p['variant'] or 'no variant'}, {state}", markup=False)
     front = ", ".join(f"{m['name']} ({m['tasks_best']} tasks)" for m in reflect["pareto_front"])
-    out.print(f"reflect front: {front or '—'}; proposer spent ${reflect['proposer_cost_usd']:.4f}", markup=False)
+    spent = reflect["proposer_cost_usd"]
+    spent_text = "an unknown amount (its model has no price)" if spent is None else f"${spent:.4f}"
+    out.print(f"reflect front: {front or '—'}; proposer spent {spent_text}", markup=False)
     if reflect.get("stopped"):
         out.print(f"reflect stopped: {reflect['stopped']}", markup=False)
 

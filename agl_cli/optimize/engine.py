@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from agl_cli.console import stderr_console
+from agl_cli.costs import latencies, paired_cost
 from agl_cli.optimize.best_config import describe_settings, knob_changes, write_best
 from agl_cli.optimize.execute import Executor, session
 from agl_cli.optimize.objectives import (
@@ -28,7 +29,6 @@ from agl_cli.optimize.racing import Round, race
 from agl_cli.optimize.study import Ledger, Study
 from agl_cli.paired import BETTER, NO_DIFFERENCE, WORSE, Comparison, compare, difference
 from rl_backend.store.db import RunStore
-from rl_backend.store.records import Rollout
 
 ROUNDS_META = "study.rounds"
 RESULT_META = "study.result"
@@ -38,24 +38,16 @@ def _points(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:+.1f} points"
 
 
-def _measures(rollouts: list[Rollout], totals: dict[str, dict[str, float]]) -> tuple[dict, dict]:
-    cost = {(r.task_id, r.seed): float(totals.get(r.id, {}).get("cost_usd", 0.0)) for r in rollouts}
-    latency = {(r.task_id, r.seed): d for r in rollouts if (d := r.duration_s) is not None}
-    return cost, latency
-
-
 def paired_report(store: RunStore, split: str, base: str, winner: str) -> tuple[Comparison, dict[str, Any]]:
     """The winner against the baseline on one split: accuracy verdict, plus cost and latency differences."""
     grouped = latest_by_variant(store, split=split)
     a, b = grouped.get(base, []), grouped.get(winner, [])
     result = compare(scores_of(a), scores_of(b))
     totals = store.call_totals_by_rollout()
-    cost_a, latency_a = _measures(a, totals)
-    cost_b, latency_b = _measures(b, totals)
     doc = {
         "split": split, "baseline": base, "candidate": winner, **result.as_dict(),
-        "cost_usd_per_task": difference(cost_a, cost_b).as_dict(),
-        "latency_s": difference(latency_a, latency_b).as_dict(),
+        "cost_usd_per_task": paired_cost(a, b, totals, totals),
+        "latency_s": difference(latencies(a), latencies(b)).as_dict(),
     }
     return result, doc
 

@@ -3,18 +3,23 @@ pass^k (max: the share of tasks whose k seeds were all right). The Pareto front 
 under the user's constraints (`--max-cost-per-task`, `--max-p95-latency`).
 
 A rollout counts as "right" for pass^k when its reward is at least 0.5 (rewards are scores in [0, 1]).
+
+A variant with an unpriced call has an unknown cost: it is never ranked as cheap. Two variants are compared on cost
+only when both costs are known, and a cost constraint is not met by a cost nobody knows.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agl_cli.costs import rollout_costs, totals_of, unpriced_text
 from agl_cli.paired import PairKey
 from agl_cli.stats import Estimate, bootstrap_mean, percentile
 from rl_backend.store.db import RunStore
-from rl_backend.store.records import Rollout
+from rl_backend.store.records import CallTotals, Rollout
 
 PASS_THRESHOLD = 0.5
 
@@ -34,18 +39,20 @@ class VariantMetrics:
     n_tasks: int
     rollouts: int
     accuracy: Estimate
-    cost_per_task: float | None
+    cost_per_task: float | None  # None: no rollout, or a call without a price (unpriced_calls says how many)
     latency_p95: float | None
     pass_k: float | None
     k: int
     pass_k_tasks: int
     input_tokens: int
     output_tokens: int
+    unpriced_calls: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "n_tasks": self.n_tasks, "rollouts": self.rollouts,
             "accuracy": self.accuracy.as_dict(), "cost_per_task_usd": self.cost_per_task,
+            "unpriced_calls": self.unpriced_calls,
             "latency_p95_s": self.latency_p95,
             "pass_k": {"k": self.k, "mean": self.pass_k, "n_tasks": self.pass_k_tasks},
             "tokens": {"input": self.input_tokens, "output": self.output_tokens},
@@ -71,10 +78,11 @@ def scores_of(rollouts: list[Rollout]) -> dict[PairKey, float]:
     return {(r.task_id, r.seed): float(r.reward) for r in rollouts if r.reward is not None}
 
 
-def measure(name: str, rollouts: list[Rollout], totals: dict[str, dict[str, float]], k: int) -> VariantMetrics:
+def measure(name: str, rollouts: list[Rollout], totals: Mapping[str, CallTotals], k: int) -> VariantMetrics:
     scored = [r for r in rollouts if r.reward is not None]
     durations = [d for r in rollouts if (d := r.duration_s) is not None]
-    costs = [float(totals.get(r.id, {}).get("cost_usd", 0.0)) for r in rollouts]
+    costs = rollout_costs(rollouts, totals)
+    used = totals_of(rollouts, totals)
     by_task: dict[str, list[float]] = defaultdict(list)
     for r in scored:
         by_task[r.task_id].append(float(r.reward))  # type: ignore[arg-type]
@@ -85,18 +93,22 @@ def measure(name: str, rollouts: list[Rollout], totals: dict[str, dict[str, floa
         n_tasks=len({r.task_id for r in rollouts}),
         rollouts=len(rollouts),
         accuracy=bootstrap_mean([float(r.reward) for r in scored], [r.task_id for r in scored]),  # type: ignore[arg-type]
-        cost_per_task=sum(costs) / len(costs) if costs else None,
+        cost_per_task=sum(costs) / len(costs) if costs else None,  # None also when costs is None (unknown)
         latency_p95=percentile(durations, 95),
         pass_k=passed / len(complete) if complete else None,
         k=k,
         pass_k_tasks=len(complete),
-        input_tokens=int(sum(totals.get(r.id, {}).get("input_tokens", 0) for r in rollouts)),
-        output_tokens=int(sum(totals.get(r.id, {}).get("output_tokens", 0) for r in rollouts)),
+        input_tokens=used.input_tokens,
+        output_tokens=used.output_tokens,
+        unpriced_calls=used.unpriced_calls,
     )
 
 
 def breach(metrics: VariantMetrics, constraints: Constraints) -> str | None:
     """Why a variant breaks a constraint (judged on what was measured so far), or None."""
+    if constraints.max_cost_per_task is not None and metrics.unpriced_calls:
+        return (f"cost per task unknown ({unpriced_text(metrics.unpriced_calls)}), so the limit of "
+                f"${constraints.max_cost_per_task:g} cannot be checked: declare its model's price under `prices:`")
     if (
         constraints.max_cost_per_task is not None
         and metrics.cost_per_task is not None
@@ -112,29 +124,28 @@ def breach(metrics: VariantMetrics, constraints: Constraints) -> str | None:
     return None
 
 
-def _objectives(m: VariantMetrics) -> tuple[float, float, float, float]:
-    # Everything as "larger is better"; a measure nobody has counts the same for all.
+def _objectives(m: VariantMetrics) -> tuple[float, float | None, float, float]:
+    # Everything as "larger is better"; a measure nobody has counts the same for all. An unknown cost (unpriced
+    # calls) is None: it is compared with nothing, so it neither wins nor loses on cost.
     return (
         m.accuracy.mean if m.accuracy.mean is not None else float("-inf"),
-        -(m.cost_per_task or 0.0),
+        None if m.unpriced_calls else -(m.cost_per_task or 0.0),
         -(m.latency_p95 or 0.0),
         m.pass_k if m.pass_k is not None else float("-inf"),
     )
 
 
+def _dominates(other: tuple[float | None, ...], mine: tuple[float | None, ...]) -> bool:
+    """At least as good on every objective both have, and better on one."""
+    pairs = [(o, s) for o, s in zip(other, mine, strict=True) if o is not None and s is not None]
+    return all(o >= s for o, s in pairs) and any(o > s for o, s in pairs)
+
+
 def pareto_front(metrics: list[VariantMetrics]) -> list[str]:
     """Variants no other variant beats on one objective without losing on another."""
     points = {m.name: _objectives(m) for m in metrics if m.accuracy.mean is not None}
-    front = []
-    for name, mine in points.items():
-        dominated = any(
-            all(o >= s for o, s in zip(other, mine, strict=True)) and other != mine
-            for other_name, other in points.items()
-            if other_name != name
-        )
-        if not dominated:
-            front.append(name)
-    return front
+    return [name for name, mine in points.items()
+            if not any(_dominates(other, mine) for other_name, other in points.items() if other_name != name)]
 
 
 def choose(metrics: list[VariantMetrics], constraints: Constraints) -> tuple[str | None, str | None]:
@@ -147,5 +158,7 @@ def choose(metrics: list[VariantMetrics], constraints: Constraints) -> tuple[str
     note = None
     if not feasible:
         feasible, note = measured, "no variant meets the constraints; the most accurate is named"
-    best = max(feasible, key=lambda m: (m.accuracy.mean, -(m.cost_per_task or 0.0), -metrics.index(m)))
+    # Ties go to the cheaper; an unknown cost is never the cheaper one.
+    best = max(feasible, key=lambda m: (m.accuracy.mean, float("-inf") if m.unpriced_calls else
+                                        -(m.cost_per_task or 0.0), -metrics.index(m)))
     return best.name, note

@@ -21,13 +21,15 @@ from agl_cli.optimize.racing import schedule
 from agl_cli.optimize.study import Study
 from agl_cli.rundir import MANIFEST
 from rl_backend.store.db import RunStore
+from rl_backend.store.records import CallTotals
 
 MIN_HISTORY = 3
 
 
-def history(runs_root: Path, version: str) -> list[dict[str, float]]:
-    """Finished rollouts of any run with this agent version: cost, tokens and duration of each."""
-    rows: list[dict[str, float]] = []
+def history(runs_root: Path, version: str) -> list[dict[str, float | None]]:
+    """Finished rollouts of any run with this agent version: cost (None: a call without a price), tokens and
+    duration of each."""
+    rows: list[dict[str, float | None]] = []
     for path in sorted(runs_root.glob("*")) if runs_root.is_dir() else []:
         try:
             manifest = json.loads((path / MANIFEST).read_text())
@@ -40,24 +42,28 @@ def history(runs_root: Path, version: str) -> list[dict[str, float]]:
             totals = store.call_totals_by_rollout()
             for r in store.rollouts(latest_only=True):
                 if r.status.terminal and r.duration_s is not None:
-                    used = totals.get(r.id, {})
+                    used = totals.get(r.id, CallTotals())
                     rows.append({
-                        "cost_usd": float(used.get("cost_usd", 0.0)), "duration_s": r.duration_s,
-                        "input_tokens": float(used.get("input_tokens", 0)),
-                        "output_tokens": float(used.get("output_tokens", 0)),
+                        "cost_usd": used.cost_usd, "duration_s": r.duration_s,
+                        "input_tokens": float(used.input_tokens), "output_tokens": float(used.output_tokens),
                     })
         finally:
             store.close()
     return rows
 
 
-def _per_rollout(rows: list[dict[str, float]]) -> dict[str, float] | None:
+def _per_rollout(rows: list[dict[str, float | None]]) -> dict[str, float | None] | None:
+    """Mean per rollout; the cost is None (unknown) when any rollout's cost is."""
     if not rows:
         return None
-    return {key: mean(r[key] for r in rows) for key in ("cost_usd", "duration_s", "input_tokens", "output_tokens")}
+    per: dict[str, float | None] = {}
+    for key in ("cost_usd", "duration_s", "input_tokens", "output_tokens"):
+        values = [r[key] for r in rows]
+        per[key] = None if any(v is None for v in values) else mean(float(v or 0.0) for v in values)
+    return per
 
 
-def project(study: Study, rows: list[dict[str, float]], source: str, cached: int) -> dict[str, Any]:
+def project(study: Study, rows: list[dict[str, float | None]], source: str, cached: int) -> dict[str, Any]:
     """The projection document: rollout counts per scenario and what they would cost."""
     v, s = len(study.variants), study.seeds
     n_search, n_confirm = len(study.search_tasks), len(study.confirm_tasks)
@@ -82,11 +88,12 @@ def project(study: Study, rows: list[dict[str, float]], source: str, cached: int
         to_run = max(0, count - cached)
         entry: dict[str, Any] = {"rollouts": count, "to_run": to_run}
         if per is not None:
+            cost = per["cost_usd"]
             entry.update({
-                "cost_usd": to_run * per["cost_usd"],
-                "input_tokens": round(to_run * per["input_tokens"]),
-                "output_tokens": round(to_run * per["output_tokens"]),
-                "time_s": math.ceil(to_run / concurrency) * per["duration_s"],
+                "cost_usd": None if cost is None else to_run * cost,
+                "input_tokens": round(to_run * (per["input_tokens"] or 0.0)),
+                "output_tokens": round(to_run * (per["output_tokens"] or 0.0)),
+                "time_s": math.ceil(to_run / concurrency) * (per["duration_s"] or 0.0),
             })
         projected[name] = entry
     budget = {"usd": study.options.budget_usd if study.options.budget_usd is not None else study.spec.budget.usd,

@@ -83,7 +83,7 @@ class Proposal:
     status: str = "proposed"  # proposed -> accepted | rejected | incomplete
     reason: str | None = None
     reply_excerpt: str | None = None
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: the proposer's model has no price
     screen: dict[str, Any] | None = None
     verdict: str | None = None
     difference: float | None = None
@@ -151,7 +151,8 @@ class ReflectSearch:
             "knob": self.knob, "proposer": self.settings.model, "rounds": self.settings.rounds,
             "minibatch": self.settings.minibatch, "alpha": self.alpha, "proposals": proposals,
             "pareto_front": self._front().as_list(), "incumbent": self.incumbent, "stopped": self.stopped,
-            "proposer_cost_usd": sum(p["cost_usd"] for p in proposals),
+            "proposer_cost_usd": None if any(p["cost_usd"] is None for p in proposals)
+            else sum(p["cost_usd"] for p in proposals),
         }
         return ReflectResult(list(self.pool), self.budget_hit, doc)
 
@@ -237,7 +238,8 @@ class ReflectSearch:
         if self._client is None:
             self._client = ProposerClient(self.executor.runner.stack, self.settings)
         reply = self._client.ask(record.scope, build_request(self.knob, parent_text, transcripts))
-        record.cost_usd = float(self.store.call_totals_by_rollout().get(record.scope, {}).get("cost_usd", 0.0))
+        used = self.store.call_totals_by_rollout().get(record.scope)
+        record.cost_usd = 0.0 if used is None else used.cost_usd
         if reply.text is None:
             record.status, record.reason = "rejected", f"the proposer call failed: {reply.error}"
             return record

@@ -13,13 +13,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl_cli.costs import rollout_costs
 from agl_cli.optimize.objectives import VariantMetrics, measure, pareto_front
 from agl_cli.report.compare import Flip, choose_winner, flips, paired_docs
 from agl_cli.report.usage import CallUsage, read_usage
 from agl_cli.rundir import RunDir
 from agl_cli.stats import Estimate, bootstrap_mean, wilson_interval
 from agl_cli.summary import VariantSummary, summarize_variant
-from rl_backend.store.records import Rollout
+from rl_backend.store.records import CallTotals, Rollout
 
 STUDY_RESULT_META = "study.result"  # agl_cli.optimize.engine.RESULT_META; not imported: the engine pulls the runner
 TRAIN_METRICS_META = "train_metrics"
@@ -33,7 +34,8 @@ class VariantRow:
     knobs: dict[str, Any]
     summary: VariantSummary
     metrics: VariantMetrics
-    cost_per_task: Estimate
+    cost_per_task: Estimate  # mean None when a call has no price (summary.unpriced_calls)
+    tokens_per_task: Estimate  # input + output tokens per rollout
     error_rate: Estimate
     pass_k_ci: tuple[float, float] | None
     role: str = ""  # baseline, winner or ""
@@ -104,9 +106,10 @@ def _planned(manifest: dict[str, Any], hashes: dict[str, str]) -> dict[str, set[
     return {name: {f"{h}/{t}/{s}" for t in tasks for s in range(seeds)} for name, h in hashes.items()}
 
 
-def _cost_estimate(costs: list[float], tasks: list[str]) -> Estimate:
-    """Mean cost per rollout with a task-resampled interval. Equal costs (a free local model) have a zero-width
-    interval: bootstrap_mean would give 0/1 data a Wilson interval, which is for proportions, not dollars."""
+def _cost_estimate(costs: list[float] | None, tasks: list[str]) -> Estimate:
+    """Mean cost (or tokens) per rollout with a task-resampled interval; none when a cost is unknown. Equal values
+    (a free local model) have a zero-width interval: bootstrap_mean would give 0/1 data a Wilson interval, which is
+    for proportions, not dollars."""
     if not costs:
         return Estimate(None, None, 0)
     if min(costs) == max(costs):
@@ -115,11 +118,13 @@ def _cost_estimate(costs: list[float], tasks: list[str]) -> Estimate:
 
 
 def _row(name: str, rollouts: list[Rollout], planned: int, usage: CallUsage, knobs: dict[str, Any], k: int) -> VariantRow:
-    summary = summarize_variant(name, rollouts, planned, usage.totals, knobs)
+    summary = summarize_variant(name, rollouts, planned, usage.totals, knobs, usage.uses)
     finished = [r for r in rollouts if r.status.terminal]
     metrics = measure(name, finished, usage.totals, k)
-    costs = [float(usage.totals.get(r.id, {}).get("cost_usd", 0.0)) for r in finished]
-    cost = _cost_estimate(costs, [r.task_id for r in finished])
+    tasks = [r.task_id for r in finished]
+    cost = _cost_estimate(rollout_costs(finished, usage.totals), tasks)
+    none = CallTotals()
+    tokens = _cost_estimate([float(usage.totals.get(r.id, none).tokens) for r in finished], tasks)
     bad = round((summary.error_rate or 0.0) * summary.finished)
     error = Estimate(
         summary.error_rate, wilson_interval(bad, summary.finished) if summary.finished else None, summary.finished
@@ -127,7 +132,7 @@ def _row(name: str, rollouts: list[Rollout], planned: int, usage: CallUsage, kno
     pass_ci = None
     if metrics.pass_k is not None and metrics.pass_k_tasks:
         pass_ci = wilson_interval(round(metrics.pass_k * metrics.pass_k_tasks), metrics.pass_k_tasks)
-    return VariantRow(name, knobs, summary, metrics, cost, error, pass_ci)
+    return VariantRow(name, knobs, summary, metrics, cost, tokens, error, pass_ci)
 
 
 def _section(split: str | None, label: str, grouped: dict[str, list[Rollout]], names: list[str],

@@ -12,38 +12,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agl_cli.costs import latencies, paired_cost
 from agl_cli.optimize.objectives import PASS_THRESHOLD, scores_of
 from agl_cli.paired import BETTER, compare_many, difference
-from rl_backend.store.records import Rollout
+from rl_backend.store.records import CallTotals, Rollout
 
 if TYPE_CHECKING:
     from agl_cli.report.collect import VariantRow
 
-PairKey = tuple[str, int]
-
-
-def _measures(rollouts: list[Rollout], totals: Mapping[str, Mapping[str, float]]) -> tuple[dict[PairKey, float],
-                                                                                           dict[PairKey, float]]:
-    cost = {(r.task_id, r.seed): float(totals.get(r.id, {}).get("cost_usd", 0.0)) for r in rollouts}
-    latency = {(r.task_id, r.seed): d for r in rollouts if (d := r.duration_s) is not None}
-    return cost, latency
-
-
 def paired_docs(baseline: list[Rollout], candidates: Mapping[str, list[Rollout]],
-                totals: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
+                totals: Mapping[str, CallTotals]) -> dict[str, dict[str, Any]]:
     """Each candidate vs the baseline (Holm-adjusted when several): accuracy verdict plus cost and latency
     differences, as `agl compare` reports them."""
     base = [r for r in baseline if r.status.terminal]
     mine = {name: [r for r in rollouts if r.status.terminal] for name, rollouts in candidates.items()}
     results = compare_many(scores_of(base), {name: scores_of(rs) for name, rs in mine.items()})
-    base_cost, base_latency = _measures(base, totals)
     docs = {}
     for name, rollouts in mine.items():
-        cost, latency = _measures(rollouts, totals)
         docs[name] = {
             "candidate": name, **results[name].as_dict(),
-            "cost_usd_per_task": difference(base_cost, cost).as_dict(),
-            "latency_s": difference(base_latency, latency).as_dict(),
+            "cost_usd_per_task": paired_cost(base, rollouts, totals, totals),
+            "latency_s": difference(latencies(base), latencies(rollouts)).as_dict(),
         }
     return docs
 
@@ -57,7 +46,8 @@ def choose_winner(rows: Sequence[VariantRow], docs: Mapping[str, dict[str, Any]]
     better = [r for r in measured if docs[r.name]["verdict"] == BETTER]
 
     def rank(r: VariantRow) -> tuple[float, float]:
-        return (r.summary.accuracy.mean or 0.0, -(r.cost_per_task.mean or 0.0))
+        cost = r.cost_per_task.mean
+        return (r.summary.accuracy.mean or 0.0, float("-inf") if cost is None else -cost)
 
     return max(better or measured, key=rank).name
 

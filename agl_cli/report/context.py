@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl_cli.costs import cost_unknown_reason, unpriced_text
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
 from agl_cli.report.collect import RunData, Section
@@ -48,7 +49,8 @@ def _variant_table(section: Section, seeds: int, study_rows: dict[str, dict[str,
     if k > 1:
         columns.append((f"pass^{k} [95% CI]", "r"))
     columns += [("cost/task [95% CI]", "r"), ("total cost", "r"), ("latency p50 / p95", "r"),
-                ("errors+timeouts [95% CI]", "r"), ("no reward", "r"), ("tokens in / out", "r"), ("Pareto", "l")]
+                ("errors+timeouts [95% CI]", "r"), ("no reward", "r"), ("tokens in / out", "r"), ("served by", "l"),
+                ("Pareto", "l")]
     if study_rows:
         columns.append(("search", "l"))
     rows: list[list[Cell | str]] = []
@@ -58,10 +60,11 @@ def _variant_table(section: Section, seeds: int, study_rows: dict[str, dict[str,
         if k > 1:
             tasks = r.metrics.pass_k_tasks
             row.append(pct(r.metrics.pass_k, r.pass_k_ci) + (f" (n={tasks})" if tasks else ""))
-        row += [usd(r.cost_per_task.mean, r.cost_per_task.ci95), usd(s.cost_usd),
+        unknown = f"— ({unpriced_text(s.unpriced_calls)})" if s.unpriced_calls else None
+        row += [unknown or usd(r.cost_per_task.mean, r.cost_per_task.ci95), unknown or usd(s.cost_usd),
                 f"{seconds(s.latency_p50)} / {seconds(s.latency_p95)}", pct(s.error_rate, r.error_rate.ci95),
                 f"{s.missing} of {s.planned}", f"{count(s.input_tokens)} / {count(s.output_tokens)}",
-                "yes" if r.pareto else ""]
+                s.served.label(), "yes" if r.pareto else ""]
         if study_rows:
             info = study_rows.get(r.name, {})
             dropped = info.get("dropped")
@@ -69,6 +72,9 @@ def _variant_table(section: Section, seeds: int, study_rows: dict[str, dict[str,
         rows.append(row)
     note = ("n counts scored rollouts; intervals resample tasks. pass^k is the share of tasks whose k seeds all "
             "scored at least 0.5." if k > 1 else "n counts scored rollouts; intervals resample tasks.")
+    if any(r.summary.unpriced_calls for r in section.rows):
+        note += (" A cost of — is unknown: some calls have no price (declare it under `prices:` in agl.yaml); "
+                 "such variants are left out of cost comparisons.")
     return _table(f"Variants on {section.heading}", columns, rows, note)
 
 
@@ -97,10 +103,11 @@ def _comparison_rows(data: RunData) -> Table | None:
     rows: list[list[Cell | str]] = []
     for name, label, d in docs:
         diff, cost = d["difference"], d["cost_usd_per_task"]["difference"]
+        unknown = cost_unknown_reason(d["cost_usd_per_task"])
         rows.append([
             name, label, str(d["n_tasks"]), pct(d["baseline_mean"]), pct(d["candidate_mean"]),
             points(diff["mean"], diff["ci95"]), TESTS.get(d["test"], d["test"]), f"{d['p_adjusted']:.3g}",
-            d["verdict"], usd(cost["mean"], cost["ci95"], signed=True),
+            d["verdict"], f"— ({unknown})" if unknown else usd(cost["mean"], cost["ci95"], signed=True),
         ])
     return _table(
         "Paired against the baseline" + (f" ({data.baseline})" if data.baseline != "baseline" else ""),
@@ -217,9 +224,16 @@ def _facts(data: RunData) -> list[tuple[str, str]]:
         ("rollouts", str(len(data.latest))),
         ("model calls", f"{data.usage.calls:,}" + (f" ({data.usage.unattributed} outside rollouts)"
                                                   if data.usage.unattributed else "")),
-        ("total cost", usd(data.usage.total_cost)), ("total tokens", count(data.usage.total_tokens)),
+        ("total cost", _total_cost(data)), ("total tokens", count(data.usage.total_tokens)),
     ]
     return facts
+
+
+def _total_cost(data: RunData) -> str:
+    usage = data.usage
+    if usage.unpriced_calls:
+        return f"— ({unpriced_text(usage.unpriced_calls)}; {usd(usage.priced_cost)} for the priced ones)"
+    return usd(usage.total_cost)
 
 
 def build(data: RunData) -> dict[str, Any]:
@@ -236,8 +250,9 @@ def build(data: RunData) -> dict[str, Any]:
     pieces = verdict(data)
     failure_table, examples = _failure_tables(data, included)
     usage = data.usage
-    spend_line = (f"{usage.calls:,} model calls, {count(usage.total_tokens)} tokens, {usd(usage.total_cost)} over "
+    spend_line = (f"{usage.calls:,} model calls, {count(usage.total_tokens)} tokens, {_total_cost(data)} over "
                   f"{seconds(usage.duration_s)}" if usage.calls else "No model calls were recorded in this run.")
+    pareto = plots.pareto(data.primary)
     title = {"study": "Study", "train": "Training run"}.get(data.kind, "Eval run") + f" {data.run.run_id}"
     if data.manifest.get("spec_name"):
         title += f" — {data.manifest['spec_name']}"
@@ -247,7 +262,8 @@ def build(data: RunData) -> dict[str, Any]:
         "generated_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "verdict_md": rich_md(pieces), "verdict_html": rich_html(pieces), "verdict_text": rich_plain(pieces),
         "notes": notes(data),
-        "pareto_plots": plots.pareto(data.primary),
+        "pareto_plots": pareto,
+        "distribution_plots": plots.distributions(data.primary) if len(data.primary.rows) <= 1 or not pareto else [],
         "variant_tables": [_variant_table(s, data.seeds, study_rows) for s in data.sections if s.rows],
         "knob_table": _knob_table(data),
         "reflect_table": _reflect_table(data),

@@ -1,11 +1,18 @@
 """The report's figures from its data: Pareto plots (accuracy vs cost per task, accuracy vs p95 latency) with the
-baseline and the winner marked, spend over time, and training curves."""
+baseline and the winner marked, the reward and latency distributions (what a single variant gets), spend over time,
+and training curves.
+
+Cost is plotted only for variants whose every call has a price; the others are left out and the caption names them.
+When no variant has a known cost above zero (free local models, unpriced ones), accuracy is plotted against tokens
+per task instead, which still tells a cheap variant from a wasteful one."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from agl_cli.costs import unpriced_text
 from agl_cli.report import svg
 from agl_cli.report.collect import RunData, Section, VariantRow
 
@@ -64,14 +71,32 @@ def pareto(section: Section) -> list[Plot]:
         return svg.scatter(points, title=title, x_label=x_label, x_fmt=x_fmt, x_from_zero=min(xs) < 0.5 * max(xs),
                            y_label="accuracy (95% CI)", y_fmt=_pct_axis, y_bounds=(0.0, 1.0))
 
-    cost_points = [point(r, r.cost_per_task.mean or 0.0, r.cost_per_task.ci95) for r in rows]
-    plots = [Plot(
-        "pareto_cost", f"Accuracy vs cost per task — {section.heading}",
-        "Each point is a variant; vertical bars are 95% intervals of accuracy, horizontal bars of cost per task. "
-        "The baseline is the square, the winner the diamond; filled dots are on the Pareto front (no other variant is "
-        "at least as good on accuracy, cost, p95 latency and pass^k, and better on one).",
-        chart(cost_points, f"Accuracy vs cost per task — {section.heading}", "cost per task (USD)", _usd_axis),
-    )]
+    legend = ("The baseline is the square, the winner the diamond; filled dots are on the Pareto front (no other "
+              "variant is at least as good on accuracy, cost, p95 latency and pass^k, and better on one).")
+    priced = [r for r in rows if not r.summary.unpriced_calls and r.cost_per_task.mean is not None]
+    unknown = [r for r in rows if r.summary.unpriced_calls]
+    left_out = ("" if not unknown else " Left out, their cost unknown: " + ", ".join(
+        f"{r.name} ({unpriced_text(r.summary.unpriced_calls)})" for r in unknown) + ".")
+    if len(priced) >= 2 and any((r.cost_per_task.mean or 0.0) > 0 for r in priced):
+        title = f"Accuracy vs cost per task — {section.heading}"
+        plot = Plot(
+            "pareto_cost", title,
+            "Each point is a variant; vertical bars are 95% intervals of accuracy, horizontal bars of cost per task. "
+            + legend + left_out,
+            chart([point(r, r.cost_per_task.mean or 0.0, r.cost_per_task.ci95) for r in priced], title,
+                  "cost per task (USD)", _usd_axis),
+        )
+    else:
+        title = f"Accuracy vs tokens per task — {section.heading}"
+        why = "their cost is zero or unknown" if unknown else "no variant has a cost above zero"
+        plot = Plot(
+            "pareto_tokens", title,
+            f"Plotted against input + output tokens per task because {why}. Vertical bars are 95% intervals of "
+            "accuracy, horizontal bars of tokens per task. " + legend,
+            chart([point(r, r.tokens_per_task.mean or 0.0, r.tokens_per_task.ci95) for r in rows], title,
+                  "tokens per task (input + output)", _short),
+        )
+    plots = [plot]
     timed = [r for r in rows if r.metrics.latency_p95 is not None]
     if len(timed) >= 2:
         latency_points = [point(r, r.metrics.latency_p95 or 0.0, None) for r in timed]
@@ -80,6 +105,55 @@ def pareto(section: Section) -> list[Plot]:
             "Latency is the 95th percentile of a rollout's wall time; bars are 95% intervals of accuracy.",
             chart(latency_points, f"Accuracy vs p95 latency — {section.heading}", "p95 rollout latency (s)",
                   lambda v: f"{v:.3g}s"),
+        ))
+    return plots
+
+
+def _bins(lo: float, hi: float, count: int = 10) -> list[float]:
+    """About `count` bins of a round width covering [lo, hi]."""
+    ticks = svg.nice_ticks(lo, hi if hi > lo else lo + 1.0, count)
+    step = ticks[1] - ticks[0]
+    start = math.floor(lo / step + 1e-9) * step
+    edges = [round(start + i * step, 12) for i in range(2)]
+    while edges[-1] <= hi:  # the last bin holds hi itself
+        edges.append(round(start + len(edges) * step, 12))
+    return edges
+
+
+def _counts(values: list[float], edges: list[float]) -> list[float]:
+    counts = [0.0] * (len(edges) - 1)
+    for v in values:
+        index = next((i for i in range(len(edges) - 1) if v < edges[i + 1]), len(edges) - 2)
+        counts[max(index, 0)] += 1
+    return counts
+
+
+def distributions(section: Section) -> list[Plot]:
+    """The reward and the rollout latency distributions, one series per variant: what a report on a single variant
+    plots, and what any report falls back on when there is no Pareto plot."""
+    rewards = {r.name: [float(x.reward) for x in section.rollouts.get(r.name, []) if x.reward is not None]
+               for r in section.rows}
+    every = [v for vs in rewards.values() for v in vs]
+    edges = _bins(min([0.0, *every]), max([1.0, *every]))
+    series = [svg.Series(name, [], _counts(values, edges)) for name, values in rewards.items()] or [
+        svg.Series("no rollouts", [], [0.0] * (len(edges) - 1))]
+    title = f"Rewards — {section.heading}"
+    plots = [Plot(
+        "dist_reward", title,
+        f"How many scored rollouts got each reward (n = {len(every)}); a rollout without a reward is not counted "
+        "here (see Failures).",
+        svg.histogram(edges, series, title=title, x_label="reward", y_label="rollouts", x_fmt=lambda v: f"{v:.3g}"),
+    )]
+    durations = {r.name: [d for x in section.rollouts.get(r.name, []) if x.status.terminal
+                          and (d := x.duration_s) is not None] for r in section.rows}
+    timed = [d for ds in durations.values() for d in ds]
+    if timed:
+        edges = _bins(0.0, max(timed))
+        title = f"Rollout latency — {section.heading}"
+        plots.append(Plot(
+            "dist_latency", title, f"Wall time of each finished rollout, from start to graded (n = {len(timed)}).",
+            svg.histogram(edges, [svg.Series(name, [], _counts(values, edges)) for name, values in durations.items()],
+                          title=title, x_label="rollout latency", y_label="rollouts", x_fmt=lambda v: f"{v:.3g}s"),
         ))
     return plots
 
@@ -100,10 +174,13 @@ def spend(data: RunData) -> list[Plot]:
     start = usage.times[0]
     xs = [(t - start) / scale for t in usage.times]
     plots = []
-    if usage.total_cost > 0:
+    if usage.priced_cost > 0:
         x, y = svg.downsample(xs, usage.cumulative_cost)
+        unpriced = (f" It leaves out {unpriced_text(usage.unpriced_calls)}, whose cost is unknown."
+                    if usage.unpriced_calls else "")
         plots.append(Plot(
-            "spend_cost", "Cumulative cost", f"Model spend over the run's {usage.calls:,} calls, by call end time.",
+            "spend_cost", "Cumulative cost",
+            f"Model spend over the run's {usage.calls:,} calls, by call end time.{unpriced}",
             svg.line([svg.Series("cost", x, y)], title="Cumulative cost", x_label=f"time since the first call ({unit})",
                      y_label="USD", x_fmt=_short, y_fmt=_usd_axis),
         ))

@@ -74,7 +74,8 @@ def write_files(context: dict[str, Any], out_dir: Path, formats: Iterable[str]) 
     written: list[Path] = []
     chosen = check_formats(formats)
     if "md" in chosen:
-        plots = context["pareto_plots"] + context["spend_plots"] + (context["training"] or {}).get("plots", [])
+        plots = (context["pareto_plots"] + context["distribution_plots"] + context["spend_plots"]
+                 + (context["training"] or {}).get("plots", []))
         for plot in plots:
             written.append(_write(out_dir / plot.file, plot.svg))
         written.append(_write(out_dir / "report.md", render(context, "md")))

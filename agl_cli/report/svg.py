@@ -228,3 +228,34 @@ def downsample(xs: list[float], ys: list[float], limit: int = 400) -> tuple[list
     step = (len(xs) - 1) / (limit - 1)
     picks = sorted({round(i * step) for i in range(limit)})
     return [xs[i] for i in picks], [ys[i] for i in picks]
+
+
+def histogram(edges: list[float], series: list[Series], *, title: str, x_label: str, y_label: str, x_fmt: Fmt,
+              description: str = "") -> str:
+    """Counts per bin, bins bounded by `edges` (len(edges) - 1 bins); each series' `ys` holds its counts, drawn as
+    bars side by side within a bin, one colour per series, a legend when there are several."""
+    counts = [y for s in series for y in s.ys] or [0.0]
+    frame = _Frame(nice_ticks(edges[0], edges[-1]) if len(edges) > 1 else [0.0, 1.0],
+                   nice_ticks(0.0, max(max(counts), 1.0)))
+    # The bins' own edges are the x ticks when there are few, so each bar sits between two labels.
+    if 1 < len(edges) <= 12:
+        frame.x_ticks, frame.x0, frame.x1 = list(edges), edges[0], edges[-1]
+    parts = _open(title, description or title)
+    if len(series) > 1:
+        parts += _legend([("square", PALETTE[i % len(PALETTE)], s.name) for i, s in enumerate(series)])
+    parts += _axes(frame, x_label, y_label, x_fmt, lambda v: f"{v:g}")
+    base = frame.py(0.0)
+    for b in range(len(edges) - 1):
+        left, right = frame.px(edges[b]), frame.px(edges[b + 1])
+        width = max((right - left - 4) / max(len(series), 1), 1.0)
+        for i, s in enumerate(series):
+            count = s.ys[b] if b < len(s.ys) else 0.0
+            if count <= 0:
+                continue
+            top = frame.py(count)
+            x = left + 2 + i * width
+            tip = f"{s.name}: {count:g} in [{x_fmt(edges[b])}, {x_fmt(edges[b + 1])})"
+            parts.append(f'<g><title>{escape(tip)}</title><rect x="{_num(x)}" y="{_num(top)}" width="{_num(width)}" '
+                         f'height="{_num(base - top)}" fill="{PALETTE[i % len(PALETTE)]}" opacity="0.85"/></g>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -1,5 +1,6 @@
 """Model-call aggregates a report needs, read with SQL so a run with many large calls is never loaded whole:
-per-rollout totals, failed calls per rollout, and the spend-over-time series."""
+per-rollout totals, the models that served each rollout, failed calls per rollout, and the spend-over-time series
+(the cost curve adds the priced calls only; `unpriced_calls` says how many it leaves out)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,29 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_backend.store.db import call_totals, model_use
+from rl_backend.store.records import CallTotals, ModelUse
+
 
 @dataclass
 class CallUsage:
-    totals: dict[str, dict[str, float]] = field(default_factory=dict)  # rollout id -> calls, tokens, cost
+    totals: dict[str, CallTotals] = field(default_factory=dict)  # rollout id -> calls, tokens, cost
+    uses: dict[str, list[ModelUse]] = field(default_factory=dict)  # rollout id -> requested and served models
     failed_calls: dict[str, int] = field(default_factory=dict)  # rollout id -> calls with an error
     times: list[float] = field(default_factory=list)  # when each call ended, in order
     cumulative_cost: list[float] = field(default_factory=list)
     cumulative_tokens: list[int] = field(default_factory=list)
     calls: int = 0
     unattributed: int = 0  # calls that named no rollout (a health check, an agent outside agl)
+    unpriced_calls: int = 0  # calls without a price: the total cost is unknown when there are any
 
     @property
-    def total_cost(self) -> float:
+    def priced_cost(self) -> float:
         return self.cumulative_cost[-1] if self.cumulative_cost else 0.0
+
+    @property
+    def total_cost(self) -> float | None:
+        return None if self.unpriced_calls else self.priced_cost
 
     @property
     def total_tokens(self) -> int:
@@ -38,11 +48,9 @@ def read_usage(store_path: Path) -> CallUsage:
     # A separate read-only-in-practice connection: RunStore has no query for these, and this never writes.
     conn = sqlite3.connect(store_path, timeout=30.0)
     try:
-        for rid, n, tin, tout, cost in conn.execute(
-            "SELECT rollout_id, COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
-            "COALESCE(SUM(cost_usd), 0.0) FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id"
-        ):
-            usage.totals[rid] = {"calls": n, "input_tokens": tin, "output_tokens": tout, "cost_usd": cost}
+        usage.totals = call_totals(conn)
+        usage.uses = model_use(conn)
+        usage.unpriced_calls = int(conn.execute("SELECT COUNT(*) FROM calls WHERE cost_usd IS NULL").fetchone()[0])
         usage.failed_calls = dict(conn.execute(
             "SELECT rollout_id, COUNT(*) FROM calls WHERE rollout_id IS NOT NULL "
             "AND (error IS NOT NULL OR status_code >= 400) GROUP BY rollout_id"

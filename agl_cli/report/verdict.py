@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agl_cli.costs import cost_unknown_reason, unpriced_text
 from agl_cli.paired import BETTER, WORSE
 from agl_cli.report.collect import RunData, Section, VariantRow
 from agl_cli.report.fmt import Rich, pct, plural, points, reason_label, seconds, usd
@@ -26,6 +27,12 @@ def _reasons(reasons: dict[str, int]) -> str:
     return ", ".join(f"{reason_label(k)} {v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _per_task(row: VariantRow) -> str:
+    if row.summary.unpriced_calls:
+        return f"at an unknown cost per task ({unpriced_text(row.summary.unpriced_calls)})"
+    return f"at {usd(row.cost_per_task.mean, row.cost_per_task.ci95)} per task"
+
+
 def _single(row: VariantRow, section: Section) -> Rich:
     s = row.summary
     if s.accuracy.n == 0:
@@ -38,7 +45,7 @@ def _single(row: VariantRow, section: Section) -> Rich:
     pieces: Rich = [
         (row.name, True), (" scored ", False), (pct(s.accuracy.mean, s.accuracy.ci95), True),
         (f" (95% interval) on {section.label} (n = {s.accuracy.n} scored rollouts over {plural(tasks, 'task')}), "
-         f"at {usd(row.cost_per_task.mean, row.cost_per_task.ci95)} per task", False),
+         f"{_per_task(row)}", False),
     ]
     if row.metrics.pass_k is not None and row.metrics.k > 1:
         pieces.append((f"; pass^{row.metrics.k} {pct(row.metrics.pass_k, row.pass_k_ci)}", False))
@@ -62,7 +69,10 @@ def _costs(doc: dict[str, Any], base: VariantRow | None, win: VariantRow | None)
     if base is None or win is None:
         return ""
     parts = []
-    if base.cost_per_task.mean or win.cost_per_task.mean:
+    unknown = cost_unknown_reason(doc["cost_usd_per_task"])
+    if unknown:
+        parts.append(unknown)
+    elif base.cost_per_task.mean or win.cost_per_task.mean:
         diff = doc["cost_usd_per_task"]["difference"]
         text = f"cost per task {usd(win.cost_per_task.mean)} vs {usd(base.cost_per_task.mean)}"
         if diff["mean"]:
@@ -143,4 +153,11 @@ def notes(data: RunData) -> list[str]:
     if data.kind != "study" and len(data.primary.rows) > 2 and data.comparison:
         out.append("the winner was picked as the best of several on these same tasks, which flatters its gain; "
                    "confirm it on held-out tasks (agl optimize does)")
+    rows = [r for s in data.sections for r in s.rows]
+    out += list(dict.fromkeys(line for r in rows for line in r.summary.model_warnings))
+    unpriced = list(dict.fromkeys(r.name for r in rows if r.summary.unpriced_calls))
+    if unpriced:
+        out.append(f"the cost of {', '.join(unpriced)} is unknown ({unpriced_text(data.usage.unpriced_calls)} "
+                   "without a price): it is left out of cost intervals, plots and comparisons; declare the model's "
+                   "price under `prices:` in agl.yaml")
     return out
