@@ -17,6 +17,7 @@ from agl_cli.commands import (
     serve_cmd,
     skill_cmd,
     train_cmd,
+    train_group,
     train_k8s,
 )
 
@@ -40,12 +41,13 @@ app.add_typer(skill_cmd.app, name="skill")
 app.add_typer(gateway_cmd.app, name="gateway")
 
 train_app = typer.Typer(
-    cls=train_k8s.TrainGroup,
+    cls=train_group.TrainGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    help="Train the model's weights through the unchanged agent: agl train CONFIG [--on kubernetes]; "
-    "agl train status|stop NAME (cluster runs). Flags: agl train CONFIG --help.",
+    help="Train the model's weights through the unchanged agent: agl train CONFIG (locally), agl train CONFIG "
+    "--backend verl (GPUs), agl train CONFIG --on kubernetes (a cluster); agl train status|stop NAME (cluster "
+    "runs). Each form's flags are listed below.",
 )
 train_app.command("run", hidden=True)(train_cmd.train_command)
 train_k8s.register(train_app)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from typer.core import TyperGroup
 
 from agl_cli.cli_support import handle_errors
+from agl_cli.commands.train_group import TrainGroup  # noqa: F401 - `agl train`'s group, long defined here
 
 if TYPE_CHECKING:
     from agl_cli.spec import ExperimentSpec
@@ -171,45 +171,6 @@ def stop(name: str, cluster: ClusterOptions, *, keep_volumes: bool = False, api_
 
 
 # -- the command line ------------------------------------------------------------------------------------------------
-
-
-class TrainGroup(TyperGroup):
-    """`agl train` as a group whose default command takes the CONFIG: `agl train CONFIG …` runs the hidden
-    `run` command (local training, the torch backend), `verl` with `--backend verl` (GPUs; what the trainer image
-    runs), or `k8s` when `--on kubernetes` is given; `status` and `stop` are commands."""
-
-    @staticmethod
-    def default_command_for(args: list[str]) -> str:
-        """The hidden command `agl train CONFIG ARGS` runs: `k8s` with `--on kubernetes`, `verl` with
-        `--backend verl`, else `run`."""
-        on_cluster = any(a == "--on=kubernetes" or (a == "--on" and args[i + 1:i + 2] == ["kubernetes"])
-                         for i, a in enumerate(args))
-        on_verl = any(a == "--backend=verl" or (a == "--backend" and args[i + 1:i + 2] == ["verl"])
-                      for i, a in enumerate(args))
-        return "k8s" if on_cluster else "verl" if on_verl else "run"
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
-            command = self.default_command_for(args)
-            if command == "run":  # `--backend torch` names the default: the torch command has no such option
-                args = _without_backend_torch(args)
-            args = [command, *args]
-        return super().parse_args(ctx, args)
-
-
-def _without_backend_torch(args: list[str]) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for i, a in enumerate(args):
-        if skip:
-            skip = False
-        elif a == "--backend=torch":
-            continue
-        elif a == "--backend" and args[i + 1:i + 2] == ["torch"]:
-            skip = True
-        else:
-            out.append(a)
-    return out
 
 
 NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", "-n", help="Namespace (default: agl.yaml's kubernetes.namespace, else default).")]  # noqa: UP045,E501
