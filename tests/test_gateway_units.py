@@ -65,11 +65,12 @@ def test_declared_prices_by_upstream_and_model_beat_the_loopback_rule() -> None:
     assert table.cost(local, ["gpt-4o"], usage) == pytest.approx((1000 * 9.0 + 100 * 9.0) / 1e6)
     # the upstream/model key is for that upstream only; elsewhere the loopback rule (free) still holds
     assert table.cost(other, ["small-1"], usage) == 0.0 and table.knows(other, "small-1")
-    assert table.cost(local, ["tiny-3"], usage) == 0.0  # nothing declared for it: loopback, free
+    # an upstream with prices declared for it is a paid one: its undeclared models have an unknown cost, not $0
+    assert table.cost(local, ["tiny-3"], usage) is None and not table.knows(local, "tiny-3")
     assert table.cost(local.model_copy(update={"free": True}), ["large-1"], usage) == 0.0
-    unpriced = local.model_copy(update={"free": False})
+    unpriced = other.model_copy(update={"free": False})
     assert table.cost(unpriced, ["tiny-3"], usage) is None and not table.knows(unpriced, "tiny-3")
-    assert table.knows(unpriced, "small-1")
+    assert table.knows(unpriced, "large-1") and table.cost(other, ["tiny-3"], usage) == 0.0
 
 
 def test_which_upstreams_are_free() -> None:

@@ -14,19 +14,29 @@ class UpstreamSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: UpstreamKind
+    kind: UpstreamKind = Field(
+        description="embedded (a local model agl serves), openai, anthropic, openai-compatible (vLLM, a proxy, a "
+        "self-hosted server), or replay (answers from a recording)"
+    )
     model: str | None = Field(default=None, description="embedded: the model to load (a known name or a local HF dir)")
-    base_url: str | None = None
-    base_urls: list[str] | None = None
-    api_key_env: str | None = None
-    timeout_s: float = 600.0
+    base_url: str | None = Field(default=None, description="the API's base URL, e.g. http://host:8000/v1")
+    base_urls: list[str] | None = Field(
+        default=None, description="several replicas of one model; each rollout sticks to one (prefix-cache reuse)"
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="the environment variable holding its API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY); "
+        "agents never see it",
+    )
+    timeout_s: float = Field(default=600.0, description="seconds to wait for the upstream's answer")
     path: str | None = Field(default=None, description="replay: the JSONL recording to answer from")
     api: Literal["openai", "anthropic"] | None = Field(default=None, description="replay: the API the recording speaks")
     record_to: str | None = Field(default=None, description="append every response of this upstream to a JSONL file")
     free: bool | None = Field(
         default=None,
-        description="whether its calls cost nothing; default: embedded and loopback upstreams are free, others are "
-        "priced from the price table (set false for a local proxy in front of a paid API)",
+        description="whether its calls cost nothing; default: embedded and loopback upstreams are free unless "
+        "`prices:` names them or their model, others are priced from `prices:` and agl's shipped table (set false "
+        "for a local proxy in front of a paid API)",
     )
 
     @model_validator(mode="after")

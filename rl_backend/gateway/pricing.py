@@ -76,7 +76,8 @@ def upstream_is_free(upstream: ResolvedUpstream) -> bool:
 class PriceTable:
     """The shipped prices (`prices.json`, by model name) under the declared ones (agl.yaml's `prices:`, keyed by
     `upstream/model` or by a model name for every upstream). A declared price wins over the shipped one, and over
-    the rule that counts loopback and token-id upstreams as free; only `free: true` on the upstream beats it."""
+    the rule that counts loopback and token-id upstreams as free (an upstream with any price declared for it is a
+    paid one); only `free: true` on the upstream beats it."""
 
     def __init__(self, declared: Mapping[str, Mapping[str, float] | Price] | None = None) -> None:
         self._shipped = _load_shipped()
@@ -115,9 +116,15 @@ class PriceTable:
         return None, False
 
     def is_free(self, upstream: ResolvedUpstream, models: list[str | None]) -> bool:
+        """`free:` when the upstream says; else a loopback or token-id upstream is free, unless prices are declared
+        for it (any `upstream/...` entry: then its other models are paid too, and unknown until priced) or for the
+        model."""
         if upstream.free is not None:
             return upstream.free
-        return upstream_is_free(upstream) and not self._priced(upstream, models)[1]
+        if not upstream_is_free(upstream):
+            return False
+        scoped = f"{upstream.name}/"
+        return not any(name.startswith(scoped) for name in self._declared) and not self._priced(upstream, models)[1]
 
     def knows(self, upstream: ResolvedUpstream, model: str | None) -> bool:
         """Whether a call of `model` on `upstream` will have a cost (free, or priced), before making it."""
