@@ -64,17 +64,22 @@ def parse_upstream_flag(text: str) -> tuple[str, UpstreamSpec]:
         raise UsageError(f"--upstream {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
-def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None]:
-    """`upstreams:` and `model:` of an agl.yaml; the rest of the file is not needed (nor checked) here."""
+def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None, dict[str, dict[str, float]]]:
+    """`upstreams:`, `model:` and `prices:` of an agl.yaml (with `${VAR}` filled in); the rest of the file is not
+    needed (nor checked) here."""
+    import os
+
     from pydantic import ValidationError
 
+    from agl_cli.env_values import expand
     from agl_cli.errors import ConfigError
     from agl_cli.yaml_source import YamlDocument
-    from rl_backend.gateway.config import UpstreamSpec
+    from rl_backend.gateway.config import PriceSpec, UpstreamSpec
 
     spec_path = path / "agl.yaml" if path.is_dir() else path
     doc = YamlDocument.load(spec_path)
-    raw = doc.data.get("upstreams") or {}
+    data = expand(doc, os.environ)
+    raw = data.get("upstreams") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{spec_path}:{doc.line_of(('upstreams',))}: `upstreams` must be a mapping of name to upstream")
     specs: dict[str, UpstreamSpec] = {}
@@ -85,10 +90,21 @@ def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None
             err = exc.errors()[0]
             where = doc.line_of(("upstreams", name, *err["loc"]))
             raise ConfigError(f"{spec_path}:{where}: `upstreams.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
-    model = doc.data.get("model")
+    model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{spec_path}:{doc.line_of(('model',))}: `model` must be a string such as upstream/model")
-    return specs, model
+    prices: dict[str, dict[str, float]] = {}
+    raw_prices = data.get("prices") or {}
+    if not isinstance(raw_prices, dict):
+        raise ConfigError(f"{spec_path}:{doc.line_of(('prices',))}: `prices` must map upstream/model to a price")
+    for name, value in raw_prices.items():
+        try:
+            prices[str(name)] = PriceSpec.model_validate(value).table_entry()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = doc.line_of(("prices", name, *err["loc"]))
+            raise ConfigError(f"{spec_path}:{where}: `prices.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
+    return specs, model, prices
 
 
 def resolve_upstreams(
@@ -195,8 +211,9 @@ def serve_command(
         admin_token, generated = secrets.token_urlsafe(24), True  # loopback: a fresh one, shown once below
     specs: dict[str, UpstreamSpec] = {}
     default_model = None
+    prices: dict[str, dict[str, float]] = {}
     if config is not None or (not upstream and Path("agl.yaml").is_file()):
-        specs, default_model = upstreams_from_yaml(config or Path("agl.yaml"))
+        specs, default_model, prices = upstreams_from_yaml(config or Path("agl.yaml"))
     for flag in upstream or []:
         name, spec = parse_upstream_flag(flag)
         specs[name] = spec
@@ -225,7 +242,7 @@ def serve_command(
                 if generated:
                     console.print(f"admin token (generated; set {ADMIN_TOKEN_ENV} to choose one): {admin_token}")
 
-        summary = _serve(resolved, store_path, default_model, admin_token, bind, port, announce)
+        summary = _serve(resolved, store_path, default_model, admin_token, bind, port, announce, prices)
     finally:
         for server in model_servers:
             server.stop()
@@ -233,7 +250,7 @@ def serve_command(
 
 
 def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_model: str | None, admin_token: str,
-           host: str, port: int, announce: Any) -> dict[str, Any]:
+           host: str, port: int, announce: Any, prices: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM."""
     import logging
     import signal
@@ -248,7 +265,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
     store = RunStore(store_path)
     try:
         try:
-            gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token)
+            gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token, prices=prices)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         from rl_backend.gateway.serverproto import CoalescingHttpToolsProtocol
