@@ -22,8 +22,10 @@ class _Strict(BaseModel):
 
 class ResourcesSpec(_Strict):
     # Defaults fit a typical API-calling agent (a Python process waiting on HTTP); raise them for coding agents.
-    requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "250m", "memory": "256Mi"})
-    limits: dict[str, str] = Field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"})
+    requests: dict[str, str] = Field(default_factory=lambda: {"cpu": "250m", "memory": "256Mi"},
+                                     description="the pod's resource requests")
+    limits: dict[str, str] = Field(default_factory=lambda: {"cpu": "1", "memory": "1Gi"},
+                                   description="the pod's resource limits")
 
     @field_validator("requests", "limits")
     @classmethod
@@ -36,21 +38,26 @@ class ResourcesSpec(_Strict):
 
 class SecuritySpec(_Strict):
     # 65532 is the conventional "nonroot" user of distroless images; any non-zero uid satisfies runAsNonRoot.
-    run_as_user: int | None = Field(default=65532, ge=1)
-    run_as_group: int | None = Field(default=65532, ge=1)
-    fs_group: int | None = Field(default=65532, ge=1)
-    read_only_root_filesystem: bool = True
+    run_as_user: int | None = Field(default=65532, ge=1, description="uid of the agent's process (never root)")
+    run_as_group: int | None = Field(default=65532, ge=1, description="gid of the agent's process")
+    fs_group: int | None = Field(default=65532, ge=1, description="group that owns the mounted volumes")
+    read_only_root_filesystem: bool = Field(
+        default=True, description="only /tmp and the rollout folder are writable; false when the agent must write "
+        "elsewhere"
+    )
 
 
 class NetworkPolicySpec(_Strict):
     """Egress only to the gateway (and cluster DNS); no ingress. Needs a CNI that enforces NetworkPolicy."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="create the NetworkPolicy")
     gateway_cidrs: list[str] = Field(default_factory=list, description="the gateway's addresses, e.g. 10.0.3.7/32")
     gateway_pod_selector: dict[str, str] | None = Field(default=None, description="when the gateway runs in-cluster")
-    gateway_namespace_selector: dict[str, str] | None = None
+    gateway_namespace_selector: dict[str, str] | None = Field(
+        default=None, description="the gateway pod's namespace labels, with gateway_pod_selector"
+    )
     gateway_port: int | None = Field(default=None, ge=1, le=65535, description="default: the port of gateway_url")
-    dns: bool = True
+    dns: bool = Field(default=True, description="also allow cluster DNS")
     template: str | None = Field(default=None, description="your own NetworkPolicy jinja2 template")
 
     @field_validator("gateway_cidrs")
@@ -68,9 +75,9 @@ class KubernetesSpec(_Strict):
     """`runner: kubernetes`: one Job per rollout, in `namespace`, running `image`."""
 
     image: str = Field(description="the agent's container image: your agent at its WORKDIR, plus sh and base64")
-    namespace: str = "default"
+    namespace: str = Field(default="default", description="where the Jobs run")
     kubeconfig: str | None = Field(default=None, description="default: $KUBECONFIG, ~/.kube/config, or in-cluster")
-    context: str | None = None
+    context: str | None = Field(default=None, description="the kubeconfig context (default: its current one)")
     gateway_url: str | None = Field(
         default=None, description="how pods reach the gateway, e.g. http://10.0.3.7:8400 (required with a gateway)"
     )
@@ -79,25 +86,31 @@ class KubernetesSpec(_Strict):
     )
     workdir: str | None = Field(default=None, description="the container's working directory; default: the image's")
     python: str = Field(default="python", description="replaces the local interpreter path in the agent command")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    service_account: str | None = None
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="default: Kubernetes' own (IfNotPresent, or Always for :latest)"
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets to pull a private image")
+    service_account: str | None = Field(default=None, description="the pods' service account (its token is not mounted)")
     env: dict[str, str] = Field(default_factory=dict, description="fixed variables for every pod, e.g. HOME: /tmp")
     pass_env: list[str] = Field(
         default_factory=list, description="names (or globs) from the agent's environment to forward into the pod"
     )
     env_from_secrets: list[str] = Field(default_factory=list, description="Secrets loaded whole as env (envFrom)")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    security: SecuritySpec = Field(default_factory=SecuritySpec)
-    tmp_size: str = "1Gi"
-    work_size: str = "1Gi"
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="the pod's requests and limits")
+    security: SecuritySpec = Field(default_factory=SecuritySpec, description="the pod's security context")
+    tmp_size: str = Field(default="1Gi", description="size of the /tmp emptyDir")
+    work_size: str = Field(default="1Gi", description="size of the rollout folder's emptyDir")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="the pods' nodeSelector")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="the pods' tolerations")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels on Jobs and pods")
+    annotations: dict[str, str] = Field(default_factory=dict, description="extra annotations on Jobs and pods")
     job_template: str | None = Field(default=None, description="your own Job jinja2 template (path)")
-    network_policy: NetworkPolicySpec | None = None
-    ttl_seconds_after_finished: int = Field(default=3600, ge=0)
+    network_policy: NetworkPolicySpec | None = Field(
+        default=None, description="restrict the pods' egress to the gateway ({} for the defaults)"
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=3600, ge=0, description="Kubernetes deletes a finished Job after this (a cleanup after a crash)"
+    )
     startup_allowance_s: float = Field(
         default=30.0, ge=0, description="added to the rollout timeout for scheduling and image pull"
     )
@@ -105,10 +118,12 @@ class KubernetesSpec(_Strict):
         default=60.0, ge=0, description="how long past the Job's deadline agl waits before giving up on the cluster"
     )
     create_qps: float = Field(default=5.0, gt=0, description="Job creations per second (token bucket)")
-    create_burst: int = Field(default=10, ge=1)
+    create_burst: int = Field(default=10, ge=1, description="Job creations allowed at once (token bucket size)")
     watch_timeout_s: int = Field(default=300, ge=1, description="each watch request ends after this, then resumes")
     resync_s: float = Field(default=300.0, gt=0, description="relist every so often, even when the watch is healthy")
-    max_output_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_output_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="the output file comes back up to this size, then is cut"
+    )
     kubernetes_version: str = Field(default="1.30", description="the schema the manifests are validated against")
 
     @field_validator("tmp_size", "work_size")
