@@ -4,6 +4,7 @@ calls, left out of cost intervals, Pareto fronts and verdicts on cost, never add
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,10 +34,12 @@ def unpriced_text(calls: int) -> str:
     return f"{calls} unpriced call" + ("" if calls == 1 else "s")
 
 
-def usd_text(value: float | None, unpriced_calls: int = 0, *, digits: int = 4) -> str:
-    """`$0.0123`, or `— (3 unpriced calls)` when the cost is unknown."""
+def usd_text(value: float | None, unpriced_calls: int = 0) -> str:
+    """`$0.0123` (a small cost keeps two significant digits: `$0.0000062`, never a `$0.0000` that reads as free), or
+    `— (3 unpriced calls)` when the cost is unknown."""
     if value is None or unpriced_calls:
         return "—" + (f" ({unpriced_text(unpriced_calls)})" if unpriced_calls else "")
+    digits = 4 if value == 0 or abs(value) >= 0.001 else 1 - math.floor(math.log10(abs(value)))
     return f"${value:.{digits}f}"
 
 
@@ -62,7 +65,7 @@ def latencies(rollouts: Iterable[Rollout]) -> dict[PairKey, float]:
 
 
 def cost_unknown_reason(doc: Mapping[str, Any]) -> str | None:
-    """Why a `cost_usd_per_task` document has no difference: which side has unpriced calls; None if it has one."""
+    """Why a `cost_usd_per_task` document has no difference (`candidate: 6 unpriced calls`); None if it has one."""
     unpriced = doc.get("unpriced_calls") or {}
-    sides = [f"{side} {unpriced_text(n)}" for side, n in unpriced.items() if n]
-    return "cost unknown (" + ", ".join(sides) + ")" if sides else None
+    sides = [f"{side}: {unpriced_text(n)}" for side, n in unpriced.items() if n]
+    return ", ".join(sides) if sides else None

@@ -183,7 +183,7 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
 
     unknown = cost_unknown_reason(cost) if cost else None
     if unknown:
-        text += f"; {unknown}"
+        text += f"; cost/task unknown ({unknown})"
     elif cost and cost["difference"]["mean"]:
         text += f"; cost/task {_signed(cost['difference']['mean'], cost['difference']['ci95'], '+.4f')} USD"
     latency = doc.get("latency_s")

@@ -107,7 +107,7 @@ def _comparison_rows(data: RunData) -> Table | None:
         rows.append([
             name, label, str(d["n_tasks"]), pct(d["baseline_mean"]), pct(d["candidate_mean"]),
             points(diff["mean"], diff["ci95"]), TESTS.get(d["test"], d["test"]), f"{d['p_adjusted']:.3g}",
-            d["verdict"], f"— ({unknown})" if unknown else usd(cost["mean"], cost["ci95"], signed=True),
+            d["verdict"], f"unknown ({unknown})" if unknown else usd(cost["mean"], cost["ci95"], signed=True),
         ])
     return _table(
         "Paired against the baseline" + (f" ({data.baseline})" if data.baseline != "baseline" else ""),

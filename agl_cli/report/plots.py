@@ -115,7 +115,7 @@ def _bins(lo: float, hi: float, count: int = 10) -> list[float]:
     step = ticks[1] - ticks[0]
     start = math.floor(lo / step + 1e-9) * step
     edges = [round(start + i * step, 12) for i in range(2)]
-    while edges[-1] <= hi:  # the last bin holds hi itself
+    while edges[-1] < hi:  # the last bin is closed: it holds hi itself (a reward of 1 in [0.9, 1])
         edges.append(round(start + len(edges) * step, 12))
     return edges
 

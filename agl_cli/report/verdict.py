@@ -71,7 +71,7 @@ def _costs(doc: dict[str, Any], base: VariantRow | None, win: VariantRow | None)
     parts = []
     unknown = cost_unknown_reason(doc["cost_usd_per_task"])
     if unknown:
-        parts.append(unknown)
+        parts.append(f"cost per task unknown ({unknown})")
     elif base.cost_per_task.mean or win.cost_per_task.mean:
         diff = doc["cost_usd_per_task"]["difference"]
         text = f"cost per task {usd(win.cost_per_task.mean)} vs {usd(base.cost_per_task.mean)}"
@@ -157,7 +157,7 @@ def notes(data: RunData) -> list[str]:
     out += list(dict.fromkeys(line for r in rows for line in r.summary.model_warnings))
     unpriced = list(dict.fromkeys(r.name for r in rows if r.summary.unpriced_calls))
     if unpriced:
-        out.append(f"the cost of {', '.join(unpriced)} is unknown ({unpriced_text(data.usage.unpriced_calls)} "
-                   "without a price): it is left out of cost intervals, plots and comparisons; declare the model's "
-                   "price under `prices:` in agl.yaml")
+        out.append(f"the cost of {', '.join(unpriced)} is unknown ({unpriced_text(data.usage.unpriced_calls)}): "
+                   "it is left out of cost intervals, plots and comparisons; declare the model's price under "
+                   "`prices:` in agl.yaml")
     return out
