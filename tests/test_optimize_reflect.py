@@ -278,7 +278,9 @@ def test_reflect_keeps_the_good_proposal_rejects_the_bad_and_writes_the_winner(t
     assert [c[0] for c in calls] == ["proposer-1", "proposer-2", "proposer-3", "proposer-4"]
     assert calls[2][2] == 400 and all(c[1] and c[1] > 0 for i, c in enumerate(calls) if i != 2)
     assert doc["reflect"]["proposer_cost_usd"] == pytest.approx(sum(c[1] or 0 for c in calls))
-    assert doc["spend"]["usd"] >= doc["reflect"]["proposer_cost_usd"] > 0
+    # the agent's own model has no price: the study's total is unknown, its priced part holds the proposer's calls
+    assert doc["spend"]["usd"] is None and doc["spend"]["unpriced_calls"] > 0
+    assert doc["spend"]["priced_usd"] >= doc["reflect"]["proposer_cost_usd"] > 0
 
     # Then the usual flow: the kept proposal wins, is confirmed on test, and becomes agl.best.yaml.
     assert doc["winner"]["name"] == "prompt=reflect-4" and doc["confirmation"]["verdict"] == "better"

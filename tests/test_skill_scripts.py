@@ -127,3 +127,17 @@ def test_spend_against_a_budget(project: Path) -> None:
     assert doc["left"]["rollouts"] == 94 and doc["over_budget"] is False
     assert as_json(run_script("spend.py", "--budget-usd", "0.005", cwd=project))["over_budget"] is True
     assert as_json(run_script("spend.py", "--since", "2999-01-01", cwd=project))["rollouts"] == 0
+
+
+def test_an_unpriced_call_makes_the_cost_unknown_not_zero(project: Path) -> None:
+    run = next((project / ".agl" / "runs").iterdir())
+    store = RunStore(run / "store.sqlite")
+    store.insert_call(CallRecord(call_id="unpriced", rollout_id="r00ok", api=Api.openai_chat, upstream="triage",
+                                 model="large-1", input_tokens=100, output_tokens=10, cost_usd=None, started_at=106.0))
+    store.close()
+    base = as_json(run_script("failures.py", cwd=project))["variants"]["baseline"]
+    assert base["cost_usd"] is None and base["unpriced_calls"] == 1 and base["cost_per_rollout_usd"] is None
+    assert base["by_model"]["triage/large-1"]["cost_usd"] is None
+    assert base["by_model"]["openai/gpt-4.1-mini"]["cost_usd"] == pytest.approx(0.004)
+    spent = as_json(run_script("spend.py", "--budget-usd", "0.01", cwd=project))
+    assert spent["usd"] is None and spent["unpriced_calls"] == 1 and spent["priced_usd"] == pytest.approx(0.006)

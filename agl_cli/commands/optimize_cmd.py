@@ -87,7 +87,8 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
         table.add_row(
             Text(row["name"]), Text(status), str(row["n_tasks"]), fmt_ci(acc["mean"], acc["ci95"]),
             "—" if row["pass_k"]["mean"] is None else f"{100 * row['pass_k']['mean']:.0f}%",
-            "—" if row["cost_per_task_usd"] is None else f"{row['cost_per_task_usd']:.4f}",
+            (f"— ({row['unpriced_calls']} unpriced)" if row.get("unpriced_calls") else "—")
+            if row["cost_per_task_usd"] is None else f"{row['cost_per_task_usd']:.4f}",
             "—" if row["latency_p95_s"] is None else f"{row['latency_p95_s']:.1f}s",
             "*" if row["pareto"] else "",
         )
@@ -106,8 +107,9 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
         out.print(f"written: {doc['best_config']['path']}", markup=False)
         out.print(doc["best_config"]["diff"], markup=False, end="")
     spend = doc["spend"]
-    out.print(f"spent ${spend['usd']:.4f} on {spend['rollouts']} rollouts; {spend['reused_from_cache']} reused",
-              markup=False)
+    usd = (f"${spend['priced_usd']:.4f} and {spend['unpriced_calls']} calls without a price (an unknown amount)"
+           if spend.get("unpriced_calls") else f"${spend['usd']:.4f}")
+    out.print(f"spent {usd} on {spend['rollouts']} rollouts; {spend['reused_from_cache']} reused", markup=False)
 
 
 @handle_errors

@@ -205,7 +205,8 @@ class Ledger:
         self.confirm_rollouts = 0  # rollouts to keep back for the confirmation while searching
         imported = imported_ids(store)
         self.launched = sum(1 for r in store.rollouts() if r.id not in imported)
-        self.spent_usd = 0.0
+        self.spent_usd = 0.0  # of the priced calls
+        self.unpriced_calls = 0  # calls without a price (none when there is a budget in USD: see agl_cli.prices)
         self.mean_cost = 0.0
         self.refresh()
 
@@ -215,6 +216,7 @@ class Ledger:
         # Priced spend: a budget in USD only starts when every model it calls has a price (agl_cli.prices).
         own = {rid: t.priced_usd for rid, t in totals.items() if rid not in imported}
         self.spent_usd = float(sum(own.values()))
+        self.unpriced_calls = sum(t.unpriced_calls for rid, t in totals.items() if rid not in imported)
         # The reflect proposer's calls are spent, but are no rollout's: they must not inflate the reserve per rollout.
         rollouts_usd = sum(cost for rid, cost in own.items() if not rid.startswith(PROPOSER_SCOPE))
         self.mean_cost = rollouts_usd / self.launched if self.launched else 0.0
@@ -239,11 +241,14 @@ class Ledger:
 
     def describe(self) -> str:
         usd = f"${self.spent_usd:.4f}" + (f" of ${self.max_usd:g}" if self.max_usd is not None else "")
+        if self.unpriced_calls:
+            usd += f" (+ {self.unpriced_calls} calls without a price)"
         count = f"{self.launched}" + (f" of {self.max_rollouts}" if self.max_rollouts is not None else "")
         return f"spent {usd}, {count} rollouts"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rollouts": self.launched, "usd": self.spent_usd,
+        return {"rollouts": self.launched, "usd": None if self.unpriced_calls else self.spent_usd,
+                "priced_usd": self.spent_usd, "unpriced_calls": self.unpriced_calls,
                 "budget": {"rollouts": self.max_rollouts, "usd": self.max_usd}}
 
 

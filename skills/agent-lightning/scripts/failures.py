@@ -59,12 +59,12 @@ def call_breakdown(conn: Any) -> tuple[dict[str, dict[str, dict[str, float]]], d
         "SELECT rollout_id, COALESCE(model, request_model, '?') AS model, upstream, COUNT(*) AS calls, "
         "COALESCE(SUM(input_tokens), 0) AS input_tokens, COALESCE(SUM(output_tokens), 0) AS output_tokens, "
         "COALESCE(SUM(cost_usd), 0) AS cost_usd, COALESCE(SUM(latency_s), 0) AS latency_s, "
-        "SUM(error IS NOT NULL OR status_code >= 400) AS errors "
+        "SUM(error IS NOT NULL OR status_code >= 400) AS errors, SUM(cost_usd IS NULL) AS unpriced_calls "
         "FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id, model, upstream"
     ):
         name = f"{row['upstream']}/{row['model']}"
         stats = {k: float(row[k] or 0) for k in ("calls", "input_tokens", "output_tokens", "cost_usd", "latency_s",
-                                                  "errors")}
+                                                  "errors", "unpriced_calls")}
         by_model[row["rollout_id"]][name] = stats
         for key, value in stats.items():
             totals[row["rollout_id"]][key] += value
@@ -81,6 +81,8 @@ def summarise(rollouts: list[dict[str, Any]], by_model: dict, totals: dict, belo
             for key, value in stats.items():
                 models[name][key] += value
     spent = sum(totals.get(r["id"], {}).get("cost_usd", 0.0) for r in finished)
+    # A call without a price has an unknown cost: then so has the total (never the priced calls' sum as if complete).
+    unpriced = int(sum(totals.get(r["id"], {}).get("unpriced_calls", 0.0) for r in finished))
     in_calls = sum(totals.get(r["id"], {}).get("latency_s", 0.0) for r in finished)
     return {
         "finished": len(finished),
@@ -91,12 +93,14 @@ def summarise(rollouts: list[dict[str, Any]], by_model: dict, totals: dict, belo
         "missing_reward": len(finished) - len(scored),
         "missing_reasons": dict(Counter(r["failure"] or "unknown" for r in finished if r["reward"] is None)),
         "mean_reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
-        "cost_usd": round(spent, 6),
-        "cost_per_rollout_usd": round(spent / len(finished), 6) if finished else None,
+        "cost_usd": None if unpriced else round(spent, 6),
+        "unpriced_calls": unpriced,
+        "cost_per_rollout_usd": round(spent / len(finished), 6) if finished and not unpriced else None,
         "latency_s": {"p50": percentile(durations, 50), "p95": percentile(durations, 95)},
         # Seconds waiting on the model out of all rollout seconds: near 1, latency is the model's; near 0, the agent's.
         "model_time_share": round(in_calls / sum(durations), 3) if durations and sum(durations) > 0 else None,
-        "by_model": {name: {k: round(v, 6) for k, v in stats.items()} for name, stats in sorted(models.items())},
+        "by_model": {name: {k: None if k == "cost_usd" and stats.get("unpriced_calls") else round(v, 6)
+                            for k, v in stats.items()} for name, stats in sorted(models.items())},
     }
 
 
@@ -109,7 +113,7 @@ def example(r: dict[str, Any], totals: dict, chars: int) -> dict[str, Any]:
         "error": clip(r["error"], chars), "grader_detail": detail, "exit_code": r["exit_code"],
         "duration_s": (r["ended_at"] - r["started_at"]) if r["ended_at"] and r["started_at"] else None,
         "calls": int(used.get("calls", 0)), "output_tokens": int(used.get("output_tokens", 0)),
-        "cost_usd": round(used.get("cost_usd", 0.0), 6),
+        "cost_usd": None if used.get("unpriced_calls") else round(used.get("cost_usd", 0.0), 6),
         "output": clip(r["output"], chars), "stderr_tail": clip(r["stderr_tail"], chars),
     }
 

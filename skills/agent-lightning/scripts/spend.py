@@ -61,17 +61,25 @@ def main(argv: list[str] | None = None) -> int:
         try:
             conn = connect(folder)
             rollouts = conn.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
-            usd = conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM calls").fetchone()[0]
+            usd, unpriced = conn.execute(
+                "SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(cost_usd IS NULL), 0) FROM calls").fetchone()
             conn.close()
         except sqlite3.DatabaseError:
             continue
-        runs.append({"run_id": folder.name, "kind": meta.get("kind"), "rollouts": rollouts, "usd": round(usd, 6)})
+        # A call without a price has an unknown cost: the run's usd is then unknown (None), and priced_usd is what
+        # is known to be spent at least.
+        runs.append({"run_id": folder.name, "kind": meta.get("kind"), "rollouts": rollouts,
+                     "usd": None if unpriced else round(usd, 6), "priced_usd": round(usd, 6),
+                     "unpriced_calls": unpriced})
     total_rollouts = sum(r["rollouts"] for r in runs)
-    total_usd = sum(r["usd"] for r in runs)
+    total_usd = sum(r["priced_usd"] for r in runs)
+    unpriced_calls = sum(r["unpriced_calls"] for r in runs)
     over = (args.budget_usd is not None and total_usd >= args.budget_usd) or (
         args.budget_rollouts is not None and total_rollouts >= args.budget_rollouts)
     emit({
-        "runs_dir": str(root), "runs": runs, "rollouts": total_rollouts, "usd": round(total_usd, 6),
+        "runs_dir": str(root), "runs": runs, "rollouts": total_rollouts,
+        "usd": None if unpriced_calls else round(total_usd, 6), "priced_usd": round(total_usd, 6),
+        "unpriced_calls": unpriced_calls,
         "budget": {"usd": args.budget_usd, "rollouts": args.budget_rollouts},
         "left": {
             "usd": None if args.budget_usd is None else round(args.budget_usd - total_usd, 6),
