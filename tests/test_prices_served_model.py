@@ -185,3 +185,40 @@ def test_values_come_from_the_environment_and_a_missing_one_names_its_line(tmp_p
     line = next(i for i, text in enumerate((tmp_path / "agl.yaml").read_text().splitlines(), 1) if "base_url" in text)
     assert f"agl.yaml:{line}: `upstreams.triage.base_url`: ${{TRIAGE_URL}} is not set" in result.output
     assert "${NAME:-value}" in result.output
+
+
+def test_under_a_budget_the_gateway_refuses_a_call_it_could_not_price(fake: FakeUpstream) -> None:
+    """The backstop behind the start-up check: a model named only at run time (by the agent) with no price."""
+    import openai
+
+    from rl_backend.gateway.budget import SpendLimit
+    from rl_backend.gateway.config import ResolvedUpstream
+    from rl_backend.gateway.fake.harness import Harness
+
+    fake.reset()
+    paid = ResolvedUpstream(name="triage", api="openai", base_urls=[fake.base_url], api_key=UPSTREAM_KEY)
+    with Harness(fake, upstreams={"triage": paid}, default_model="triage/small-1",
+                 prices={"triage/small-1": SMALL}, spend_limit=SpendLimit(1.0)) as h:
+        client = h.openai("r1")
+        client.chat.completions.create(model="triage/small-1", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="triage/large-1", messages=[{"role": "user", "content": "hi"}])
+        body: Any = refused.value.body
+        assert body["code"] == "model_unpriced" and "triage/large-1: {input:" in body["message"]
+        assert len(fake.requests) == 1  # the refused call never reached the upstream
+
+
+def test_init_writes_the_default_models_price(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "agl.yaml"
+    made = runner.invoke(app, ["init", "--model", "triage/small-1", "--price", "0.1,0.4,0.05", "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    assert yaml.safe_load(out.read_text())["prices"] == {"triage/small-1": {"input": 0.1, "output": 0.4,
+                                                                            "cached_input": 0.05}}
+    unknown = runner.invoke(app, ["init", "--model", "triage/small-1", "--out", str(tmp_path / "b.yaml")])
+    assert unknown.exit_code == 0 and "agl knows no price for triage/small-1" in unknown.output
+    assert yaml.safe_load((tmp_path / "b.yaml").read_text())["prices"] == {}
+    shipped = runner.invoke(app, ["init", "--model", "openai/gpt-4.1-mini", "--out", str(tmp_path / "c.yaml")])
+    assert shipped.exit_code == 0 and "no price" not in shipped.output
+    bad = runner.invoke(app, ["init", "--price", "cheap", "--out", str(tmp_path / "d.yaml")])
+    assert bad.exit_code == 2 and "INPUT,OUTPUT[,CACHED_INPUT]" in bad.output
