@@ -185,7 +185,7 @@ def compare_command(
     from rich.table import Table
     from rich.text import Text
 
-    from agl_cli.console import print_json, stdout_console
+    from agl_cli.console import print_json, print_table, stdout_console
     from agl_cli.errors import AglError, UsageError
     from agl_cli.paired import ALPHA, WORSE
 
@@ -221,7 +221,7 @@ def compare_command(
                 Text(d["verdict"]),
             )
         out = stdout_console()
-        out.print(table)
+        print_table(out, table)
         for side, d in zip(candidates, docs, strict=True):
             out.print(sentence(short(side), d), markup=False)
     if fail_on_worse and worse:

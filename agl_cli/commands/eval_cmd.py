@@ -224,7 +224,7 @@ def eval_command(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every rollout, even ones done before.")] = False,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
-    from agl_cli.console import print_json, stderr_console, stdout_console
+    from agl_cli.console import print_json, print_table, stderr_console, stdout_console
     from agl_cli.display import print_missing_reasons, variant_table
     from agl_cli.errors import UsageError
 
@@ -261,7 +261,7 @@ def eval_command(
         print_json(result)
     else:
         out = stdout_console()
-        out.print(variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
+        print_table(out, variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
         print_missing_reasons(out, summaries)
         stderr_console().print(f"run stored in {run.path}")
     if gate is not None:
