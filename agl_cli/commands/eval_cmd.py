@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
     from agl_cli.spec import ExperimentSpec
     from agl_cli.variants import Variant
+    from rl_backend.store.db import RunStore
+    from rl_backend.store.records import Rollout
 
 
 def _prepare_new(
@@ -114,11 +116,13 @@ def execute_eval(
 ) -> dict[str, Any]:
     import asyncio
     import sys
+    from collections import Counter
 
     from agl_cli.console import stderr_console
     from agl_cli.controllers import make_controller, run_then_close
     from agl_cli.evaluation import EvalRunner
     from agl_cli.progress import RolloutProgress
+    from agl_cli.run_spend import own_usd, run_spend
     from agl_cli.stack import running_stack
     from agl_cli.summary import summarize_run
 
@@ -143,16 +147,19 @@ def execute_eval(
     if spec.budget.usd is not None:
         from rl_backend.gateway.budget import SpendLimit
 
-        spent = sum(t["cost_usd"] for t in store.call_totals_by_rollout().values())
-        spend_limit = SpendLimit(spec.budget.usd, spent_usd=spent, hint="raise budget.usd in agl.yaml and resume the run")
+        spend_limit = SpendLimit(spec.budget.usd, spent_usd=own_usd(store),
+                                 hint="raise budget.usd in agl.yaml and resume the run")
     with running_stack(spec, store, log=console.print, spend_limit=spend_limit) as stack:
         controller = make_controller(spec, run.run_id)
         runner = EvalRunner(spec, run, store, stack, controller)
         todo = runner.pending(plan)
-        done_before = len(plan) - len(todo)
+        reused_rollouts = _reused_in_plan(store, plan, {item.key for item, _ in todo})
+        done_before = len(plan) - len(todo) - len(reused_rollouts)
         if done_before:
-            console.print(f"resuming: {done_before} rollouts already finished are kept, {len(todo)} to run")
+            console.print(f"resuming: {done_before} rollouts this run already finished are kept, {len(todo)} to run")
         with RolloutProgress(console, total=len(plan), done=done_before, quiet=quiet) as progress:
+            for rollout, source in reused_rollouts:
+                progress.on_reused(rollout, source)
             runner.on_event = progress.on_event
             try:
                 asyncio.run(run_then_close(controller, lambda: runner.run(plan)))
@@ -162,6 +169,8 @@ def execute_eval(
     for item in plan:
         planned_keys[item.variant.name].append(item.key)
     summaries = summarize_run(store, planned_keys)
+    reused_by_variant = Counter(r.variant for r, _ in _reused_in_plan(store, plan, set()))
+    spend = run_spend(store)
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
@@ -179,9 +188,25 @@ def execute_eval(
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "status": status,
-        "variants": [s.as_json() for s in summaries],
+        "variants": [{**s.as_json(), "reused": reused_by_variant.get(s.name, 0)} for s in summaries],
+        "spend": spend.as_json(),
         "_summaries": summaries,
+        "_spend": spend,
     }
+
+
+def _reused_in_plan(store: RunStore, plan: list[PlannedRollout], pending: set[str]) -> list[tuple[Rollout, str]]:
+    """The plan's finished rollouts that the result cache copied from earlier runs, each with its source run."""
+    from agl_cli.run_spend import reused_sources
+
+    sources = reused_sources(store)
+    latest = {r.key: r for r in store.rollouts(latest_only=True)}
+    found = []
+    for item in plan:
+        rollout = latest.get(item.key)
+        if item.key not in pending and rollout is not None and rollout.id in sources:
+            found.append((rollout, sources[rollout.id]))
+    return found
 
 
 def _write_report(run: RunDir) -> dict[str, str]:
@@ -249,6 +274,7 @@ def eval_command(
         spec.concurrency = concurrency
     result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache)
     summaries = result.pop("_summaries")
+    spend = result.pop("_spend")
     if report:
         result["report"] = _write_report(run)
     gate: tuple[bool, str] | None = None
@@ -263,6 +289,9 @@ def eval_command(
         out = stdout_console()
         print_table(out, variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
         print_missing_reasons(out, summaries)
+        out.print(f"this run launched {spend.launched} rollouts and spent ${spend.usd:.4f}", markup=False)
+        if spend.reuse_line():
+            out.print(spend.reuse_line(), markup=False)
         stderr_console().print(f"run stored in {run.path}")
     if gate is not None:
         stderr_console().print(("REGRESSION: " if gate[0] else "no regression: ") + gate[1])

@@ -16,6 +16,7 @@ from typing import Any
 from agl_cli.optimize.objectives import VariantMetrics, measure, pareto_front
 from agl_cli.report.compare import Flip, choose_winner, flips, paired_docs
 from agl_cli.report.usage import CallUsage, read_usage
+from agl_cli.run_spend import imported_ids
 from agl_cli.rundir import RunDir
 from agl_cli.stats import Estimate, bootstrap_mean, wilson_interval
 from agl_cli.summary import VariantSummary, summarize_variant
@@ -163,9 +164,10 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         stored_variants = store.variants()
         study = store.get_meta(STUDY_RESULT_META) if kind == "study" else None
         metrics_meta = store.get_meta(TRAIN_METRICS_META)
+        reused = imported_ids(store)
     finally:
         store.close()
-    usage = read_usage(run.store_path)
+    usage = read_usage(run.store_path, reused)
     listed = [v["name"] for v in manifest.get("variants", []) if isinstance(v, dict) and "name" in v]
     names = list(dict.fromkeys(listed + list(stored_variants) + [r.variant for r in latest]))
     knobs = {n: stored_variants.get(n, {}).get("knobs", {}) for n in names}

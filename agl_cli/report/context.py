@@ -14,7 +14,19 @@ from typing import Any
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
 from agl_cli.report.collect import RunData, Section
-from agl_cli.report.fmt import anchor, count, pct, points, reason_label, rich_html, rich_md, rich_plain, seconds, usd
+from agl_cli.report.fmt import (
+    anchor,
+    count,
+    pct,
+    plural,
+    points,
+    reason_label,
+    rich_html,
+    rich_md,
+    rich_plain,
+    seconds,
+    usd,
+)
 from agl_cli.report.transcripts import Transcript, transcript
 from agl_cli.report.verdict import TESTS, notes, verdict
 
@@ -237,7 +249,10 @@ def build(data: RunData) -> dict[str, Any]:
     failure_table, examples = _failure_tables(data, included)
     usage = data.usage
     spend_line = (f"{usage.calls:,} model calls, {count(usage.total_tokens)} tokens, {usd(usage.total_cost)} over "
-                  f"{seconds(usage.duration_s)}" if usage.calls else "No model calls were recorded in this run.")
+                  f"{seconds(usage.duration_s)}" if usage.calls else "No model calls were made by this run.")
+    if usage.reused_rollouts:
+        spend_line += (f" Not counted: {plural(usage.reused_rollouts, 'rollout')} reused from earlier runs "
+                       f"({usage.reused_calls:,} calls, {usd(usage.reused_cost)} spent by those runs, not again).")
     title = {"study": "Study", "train": "Training run"}.get(data.kind, "Eval run") + f" {data.run.run_id}"
     if data.manifest.get("spec_name"):
         title += f" — {data.manifest['spec_name']}"

@@ -1,5 +1,6 @@
 """Model-call aggregates a report needs, read with SQL so a run with many large calls is never loaded whole:
-per-rollout totals, failed calls per rollout, and the spend-over-time series."""
+per-rollout totals, failed calls per rollout, and the spend-over-time series. The series is what the run spent
+itself: calls of rollouts it reused from earlier runs are counted apart (`reused_*`), never spent twice."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class CallUsage:
     cumulative_tokens: list[int] = field(default_factory=list)
     calls: int = 0
     unattributed: int = 0  # calls that named no rollout (a health check, an agent outside agl)
+    reused_rollouts: int = 0  # rollouts copied from earlier runs by the result cache
+    reused_calls: int = 0
+    reused_cost: float = 0.0  # spent by the runs they came from, not by this one
 
     @property
     def total_cost(self) -> float:
@@ -31,7 +35,8 @@ class CallUsage:
         return self.times[-1] - self.times[0] if len(self.times) > 1 else 0.0
 
 
-def read_usage(store_path: Path) -> CallUsage:
+def read_usage(store_path: Path, reused: frozenset[str] | set[str] = frozenset()) -> CallUsage:
+    """`reused`: ids of the rollouts this run copied from earlier runs (agl_cli.run_spend)."""
     usage = CallUsage()
     if not store_path.is_file():
         return usage
@@ -48,11 +53,16 @@ def read_usage(store_path: Path) -> CallUsage:
             "AND (error IS NOT NULL OR status_code >= 400) GROUP BY rollout_id"
         ).fetchall())
         usage.unattributed = int(conn.execute("SELECT COUNT(*) FROM calls WHERE rollout_id IS NULL").fetchone()[0])
+        usage.reused_rollouts = len(reused & usage.totals.keys())
         cost_sum, token_sum = 0.0, 0
-        for when, cost, tokens in conn.execute(
-            "SELECT COALESCE(ended_at, started_at) AS t, COALESCE(cost_usd, 0.0), "
+        for rid, when, cost, tokens in conn.execute(
+            "SELECT rollout_id, COALESCE(ended_at, started_at) AS t, COALESCE(cost_usd, 0.0), "
             "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) FROM calls ORDER BY t, seq"
         ):
+            if rid in reused:
+                usage.reused_calls += 1
+                usage.reused_cost += float(cost)
+                continue
             cost_sum += float(cost)
             token_sum += int(tokens)
             usage.times.append(float(when))

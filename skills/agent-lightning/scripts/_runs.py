@@ -60,6 +60,15 @@ def connect(run: Path) -> sqlite3.Connection:
     return conn
 
 
+def reused_ids(conn: sqlite3.Connection) -> set[str]:
+    """Ids of the rollouts a run copied from earlier runs (agl's result cache): paid for there, not here."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'cache_imported'").fetchone()
+    except sqlite3.OperationalError:  # a store from before the meta table
+        return set()
+    return set(json.loads(row[0])) if row else set()
+
+
 def latest_rollouts(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The newest attempt of each (variant, task, seed), in creation order."""
     newest: dict[str, dict[str, Any]] = {}

@@ -1,0 +1,68 @@
+"""What a run spent itself, apart from what it reused.
+
+The result cache copies finished rollouts, and their model calls with the cost they had, from earlier runs into
+a new one. Those copies cost the new run nothing: every spend total (the run's budget, its `--json`, its report,
+the skill's spend script) counts them apart, so money and rollouts are never counted twice. The store's meta
+`cache_imported` maps each copied rollout id to the run it came from.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_backend.store.db import RunStore
+
+IMPORTED_META = "cache_imported"  # meta key: {rollout id in this store: source run id}
+
+
+def reused_sources(store: RunStore) -> dict[str, str]:
+    """Rollout id -> the run it was copied from, for every rollout this run reused."""
+    return dict(store.get_meta(IMPORTED_META, {}))
+
+
+def imported_ids(store: RunStore) -> set[str]:
+    return set(reused_sources(store))
+
+
+def own_usd(store: RunStore) -> float:
+    """The cost of this run's own model calls (cheap: one aggregate query; for a check before every launch)."""
+    sources = reused_sources(store)
+    return sum(float(t["cost_usd"]) for rid, t in store.call_totals_by_rollout().items() if rid not in sources)
+
+
+@dataclass
+class RunSpend:
+    launched: int  # rollout attempts this run started itself
+    usd: float  # the cost of this run's own model calls
+    reused: int  # rollouts copied from earlier runs
+    reused_usd: float  # what the copies cost when they first ran: spent there, not again
+    reused_from: dict[str, int] = field(default_factory=dict)  # source run id -> rollouts copied from it
+
+    def as_json(self) -> dict[str, Any]:
+        return {"rollouts_launched": self.launched, "usd": round(self.usd, 6), "reused_rollouts": self.reused,
+                "reused_usd": round(self.reused_usd, 6), "reused_from": self.reused_from}
+
+    def reuse_line(self) -> str | None:
+        """'12 rollouts reused from run X' (or from several runs), or None when nothing was reused."""
+        if not self.reused:
+            return None
+        runs = sorted(self.reused_from.items(), key=lambda kv: (-kv[1], kv[0]))
+        source = f"run {runs[0][0]}" if len(runs) == 1 else "runs " + ", ".join(f"{r} ({n})" for r, n in runs)
+        return (f"{self.reused} rollout{'s' if self.reused != 1 else ''} reused from {source}: not run again, "
+                f"and their ${self.reused_usd:.4f} not spent again")
+
+
+def run_spend(store: RunStore) -> RunSpend:
+    sources = reused_sources(store)
+    rollout_ids = {r.id for r in store.rollouts()}
+    totals = store.call_totals_by_rollout()
+    own_usd = sum(float(t["cost_usd"]) for rid, t in totals.items() if rid not in sources)
+    reused_usd = sum(float(t["cost_usd"]) for rid, t in totals.items() if rid in sources)
+    # A mark without its row (a crash between the two writes) reused nothing.
+    present = {rid: run for rid, run in sources.items() if rid in rollout_ids}
+    return RunSpend(
+        launched=len(rollout_ids - set(sources)), usd=own_usd, reused=len(present), reused_usd=reused_usd,
+        reused_from=dict(Counter(present.values())),
+    )
