@@ -184,6 +184,9 @@ def test_journal_names_the_candidate_and_records_the_test_confirmation(variants_
     entry = as_json(run_script("journal.py", *base, "--candidate", f"{run_id}:v2", "--test-compare-json", str(test),
                                "--decision", "kept", cwd=folder))["entry"]
     assert entry["candidate"] == "v2" and entry["split"] == "val" and entry["difference"] == pytest.approx(0.7)
+    # What agl advise needs to add gains only along the chain of kept baselines.
+    assert (entry["baseline_run"], entry["baseline_variant"]) == (run_id, "baseline")
+    assert (entry["candidate_run"], entry["candidate_variant"]) == (run_id, "v2")
     assert entry["test"]["split"] == "test" and entry["test"]["candidate"] == "v2"
     assert entry["test"]["verdict"] == "better" and entry["test"]["difference"] == pytest.approx(0.4)
     assert entry["test"]["n_tasks"] == 20 and entry["test"]["ci95"][0] > 0

@@ -74,6 +74,7 @@ def from_compare(source: str, flag: str, wanted: list[str]) -> dict[str, Any]:
     candidate = one.get("candidate") or {}
     return {
         "baseline": baseline.get("ref"), "baseline_run": baseline.get("run_id"),
+        "baseline_variant": baseline.get("variant"),
         "candidate": candidate.get("ref"), "candidate_run": candidate.get("run_id"),
         "candidate_variant": candidate.get("variant"),
         "split": doc.get("split"), "verdict": one.get("verdict"),
