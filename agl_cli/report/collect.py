@@ -22,6 +22,7 @@ from agl_cli.stats import Estimate, bootstrap_mean, wilson_interval
 from agl_cli.summary import VariantSummary, summarize_variant
 from rl_backend.store.records import Rollout
 
+HELD_OUT_SPLITS = ("test",)  # an eval on one of these confirms on held-out tasks; any other split is a search
 STUDY_RESULT_META = "study.result"  # agl_cli.optimize.engine.RESULT_META; not imported: the engine pulls the runner
 TRAIN_METRICS_META = "train_metrics"
 TRAIN_METRICS_FILE = "train_metrics.jsonl"
@@ -189,7 +190,8 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         label = f"the {split} split" if split else "all tasks"
         # A training run's own rollouts (the train split) are its curves; its verdict is on the held-out split.
         held_out = split if kind == "train" else None
-        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds))
+        role = "held-out confirmation" if kind == "eval" and split in HELD_OUT_SPLITS else ""
+        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds, role))
     if not sections or not sections[0].rows:
         sections = [Section(None, "all tasks", [], {})] + [s for s in sections if s.rows]
 
