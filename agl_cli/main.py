@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from agl_cli.commands import (
@@ -28,6 +30,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from agl_cli.version import installed_version
+
+        typer.echo(f"agl {installed_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print agl's version and exit.")] = False,
+) -> None:
+    """Make an AI agent better, from prompt edits to weight training, without rewriting the agent."""
+
+
 app.command("eval")(eval_cmd.eval_command)
 app.command("compare")(compare_cmd.compare_command)
 app.command("optimize")(optimize_cmd.optimize_command)

@@ -102,12 +102,9 @@ def _prepare_resume(
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from agl_cli.version import installed_version
 
-    try:
-        return version("agl")
-    except PackageNotFoundError:
-        return "unknown"
+    return installed_version()
 
 
 def execute_eval(
