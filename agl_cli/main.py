@@ -18,6 +18,7 @@ from agl_cli.commands import (
     runs_cmd,
     serve_cmd,
     skill_cmd,
+    tasks_cmd,
     train_cmd,
     train_k8s,
     transcript_cmd,
@@ -56,6 +57,7 @@ app.command("doctor")(doctor_cmd.doctor_command)
 app.command("runs")(runs_cmd.runs_command)
 app.command("report")(report_cmd.report_command)
 app.command("transcript")(transcript_cmd.transcript_command)
+app.command("tasks")(tasks_cmd.tasks_command)
 app.command("serve")(serve_cmd.serve_command)
 app.command("advise")(advise_cmd.advise_command)
 app.add_typer(skill_cmd.app, name="skill")
