@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_backend.store.db import RunStore
+from rl_backend.store.records import Rollout
 
 IMPORTED_META = "cache_imported"  # meta key: {rollout id in this store: source run id}
 
@@ -24,6 +25,26 @@ def reused_sources(store: RunStore) -> dict[str, str]:
 
 def imported_ids(store: RunStore) -> set[str]:
     return set(reused_sources(store))
+
+
+def reused_among(store: RunStore, keys: list[str], *, skip: set[str] | frozenset[str] = frozenset()
+                 ) -> list[tuple[Rollout, str]]:
+    """The finished rollouts of these keys (in their order, `skip` left out) that the result cache copied from
+    earlier runs, each with the run it came from."""
+    sources = reused_sources(store)
+    latest = {r.key: r for r in store.rollouts(latest_only=True)}
+    return [(r, sources[r.id]) for key in keys
+            if key not in skip and (r := latest.get(key)) is not None and r.id in sources]
+
+
+def from_runs(reused: list[tuple[Rollout, str]]) -> str:
+    """'run X', or 'runs X (8), Y (4)'."""
+    return _runs_phrase(Counter(source for _, source in reused))
+
+
+def _runs_phrase(counts: dict[str, int]) -> str:
+    runs = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f"run {runs[0][0]}" if len(runs) == 1 else "runs " + ", ".join(f"{r} ({n})" for r, n in runs)
 
 
 def own_usd(store: RunStore) -> float:
@@ -48,9 +69,8 @@ class RunSpend:
         """'12 rollouts reused from run X' (or from several runs), or None when nothing was reused."""
         if not self.reused:
             return None
-        runs = sorted(self.reused_from.items(), key=lambda kv: (-kv[1], kv[0]))
-        source = f"run {runs[0][0]}" if len(runs) == 1 else "runs " + ", ".join(f"{r} ({n})" for r, n in runs)
-        return (f"{self.reused} rollout{'s' if self.reused != 1 else ''} reused from {source}: not run again, "
+        return (f"{self.reused} rollout{'s' if self.reused != 1 else ''} reused from {_runs_phrase(self.reused_from)}: "
+                "not run again, "
                 f"and their ${self.reused_usd:.4f} not spent again")
 
 

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from agl_cli.main import app
 from tests.conftest import run_agl
 
-WORDS = "refund parcel login invoice password courier charge account address delivery card code".split()
+WORDS = ["refund", "parcel", "login", "invoice", "password", "courier", "charge", "account", "address", "delivery",
+         "card", "code"]
 
 
 def _body(rng: random.Random) -> str:

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
     from agl_cli.spec import ExperimentSpec
     from agl_cli.variants import Variant
-    from rl_backend.store.db import RunStore
-    from rl_backend.store.records import Rollout
 
 
 def _prepare_new(
@@ -119,7 +117,7 @@ def execute_eval(
     from agl_cli.controllers import make_controller, run_then_close
     from agl_cli.evaluation import EvalRunner
     from agl_cli.progress import RolloutProgress
-    from agl_cli.run_spend import own_usd, run_spend
+    from agl_cli.run_spend import own_usd, reused_among, run_spend
     from agl_cli.stack import running_stack
     from agl_cli.summary import summarize_run
 
@@ -150,7 +148,7 @@ def execute_eval(
         controller = make_controller(spec, run.run_id)
         runner = EvalRunner(spec, run, store, stack, controller)
         todo = runner.pending(plan)
-        reused_rollouts = _reused_in_plan(store, plan, {item.key for item, _ in todo})
+        reused_rollouts = reused_among(store, [item.key for item in plan], skip={item.key for item, _ in todo})
         done_before = len(plan) - len(todo) - len(reused_rollouts)
         if done_before:
             console.print(f"resuming: {done_before} rollouts this run already finished are kept, {len(todo)} to run")
@@ -166,7 +164,7 @@ def execute_eval(
     for item in plan:
         planned_keys[item.variant.name].append(item.key)
     summaries = summarize_run(store, planned_keys)
-    reused_by_variant = Counter(r.variant for r, _ in _reused_in_plan(store, plan, set()))
+    reused_by_variant = Counter(r.variant for r, _ in reused_among(store, [item.key for item in plan]))
     spend = run_spend(store)
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
@@ -192,18 +190,6 @@ def execute_eval(
     }
 
 
-def _reused_in_plan(store: RunStore, plan: list[PlannedRollout], pending: set[str]) -> list[tuple[Rollout, str]]:
-    """The plan's finished rollouts that the result cache copied from earlier runs, each with its source run."""
-    from agl_cli.run_spend import reused_sources
-
-    sources = reused_sources(store)
-    latest = {r.key: r for r in store.rollouts(latest_only=True)}
-    found = []
-    for item in plan:
-        rollout = latest.get(item.key)
-        if item.key not in pending and rollout is not None and rollout.id in sources:
-            found.append((rollout, sources[rollout.id]))
-    return found
 
 
 def _write_report(run: RunDir) -> dict[str, str]:
