@@ -190,8 +190,6 @@ def execute_eval(
     }
 
 
-
-
 def _write_report(run: RunDir) -> dict[str, str]:
     """Best effort: a report that cannot be written never fails the evaluation it describes."""
     from agl_cli.console import stderr_console
