@@ -3,13 +3,17 @@ all read from the run store (advise_evidence); no model is called.
 
 Criteria, in the order a team usually satisfies them:
 
-- open_weight_model: an upstream of kind `embedded` or `openai-compatible` (vLLM) served scored rollouts of the
-  agent. Training changes weights, so the agent must already run on a model whose weights we hold.
+- open_weight_model: an upstream of kind `embedded`, or `openai-compatible` with `weights:` naming the served
+  model's open weights, served scored rollouts of the agent. Training changes weights, so the agent must already
+  run on a model whose weights we hold. An openai-compatible upstream without `weights:` may as well be a
+  proprietary hosted API: its weights are unknown, never assumed open.
 - verifiable_reward: a grader program (`grader.command` or `grader.entry`) scores nearly every finished rollout.
   A reward the agent reports itself (`grader.reported`) does not pass: the policy under training shapes what the
   agent reports, so it can learn to please the report instead of doing the task.
-- plateau: the last PLATEAU_WINDOW prompt-level attempts (studies and journal entries) together gained less than
-  PLATEAU_MIN_GAIN accuracy. Fewer attempts than that is "unknown", never a pass.
+- plateau: the last PLATEAU_WINDOW prompt-level attempts (studies and journal entries) gained less than
+  PLATEAU_MIN_GAIN accuracy. Each gain is measured against its own baseline, so gains add up only along a chain
+  of kept baselines (each attempt measured against what the one before it kept); an attempt measured against an
+  older baseline starts a new chain, and the largest chain counts. Fewer attempts than that is "unknown".
 - headroom: pass@k exceeds pass@1 by HEADROOM_MIN_GAP on tasks sampled several times (by the open-weight model
   when it has such samples): the model can sometimes solve what it usually fails, which is what reinforcement
   learning sharpens.
@@ -38,7 +42,6 @@ from agl_cli.advise_evidence import Evidence, RolloutRow
 from agl_cli.optimize.objectives import PASS_THRESHOLD
 from agl_cli.spec import ExperimentSpec
 
-OPEN_KINDS = ("embedded", "openai-compatible")
 MIN_OPEN_ROLLOUTS = 10
 MIN_REWARD_COVERAGE = 0.95
 PLATEAU_WINDOW = 3
@@ -76,23 +79,41 @@ def _pct(x: float) -> str:
 
 
 def _open_upstreams(spec: ExperimentSpec) -> dict[str, str]:
-    return {name: up.kind for name, up in spec.upstreams.items() if up.kind in OPEN_KINDS}
+    """Upstreams whose weights we hold: embedded ones, and openai-compatible ones that name their `weights`."""
+    return {name: up.kind for name, up in spec.upstreams.items()
+            if up.kind == "embedded" or (up.kind == "openai-compatible" and up.weights)}
+
+
+def _label(name: str, spec: ExperimentSpec) -> str:
+    up = spec.upstreams[name]
+    if up.kind == "openai-compatible":
+        return f"{name} ({up.kind}, weights {up.weights or 'unknown'})"
+    return f"{name} ({up.kind})"
 
 
 def open_weight_model(spec: ExperimentSpec, ev: Evidence) -> Criterion:
     title = "an open-weight model serves the agent"
-    threshold = f"an embedded or openai-compatible upstream served >= {MIN_OPEN_ROLLOUTS} scored rollouts"
+    threshold = (f"an embedded upstream, or an openai-compatible one naming its open `weights`, served >= "
+                 f"{MIN_OPEN_ROLLOUTS} scored rollouts")
     open_ups = _open_upstreams(spec)
     if not open_ups:
-        kinds = ", ".join(f"{n} ({u.kind})" for n, u in spec.upstreams.items()) or "none"
+        kinds = ", ".join(_label(n, spec) for n in spec.upstreams) or "none"
+        unknown = [n for n, u in spec.upstreams.items() if u.kind == "openai-compatible"]
+        if unknown:
+            return Criterion("open_weight_model", title, UNKNOWN, 0, threshold, f"upstreams in agl.yaml: {kinds}",
+                             f"say where the model behind {unknown[0]!r} comes from: if it serves open weights (vLLM, "
+                             f"a local server), add `weights: <Hugging Face id or folder>` under upstreams.{unknown[0]} "
+                             "in agl.yaml; a proprietary hosted API cannot be trained, so add an embedded or "
+                             "open-weight upstream and measure the agent on it")
         return Criterion("open_weight_model", title, FAIL, 0, threshold, f"upstreams in agl.yaml: {kinds}",
                          "add an upstream of kind embedded (small models on this machine) or openai-compatible "
-                         "(vLLM), then measure the agent on it with `agl eval` and `agl compare` against today's model")
+                         "(vLLM) with `weights:`, then measure the agent on it with `agl eval` and `agl compare` "
+                         "against today's model")
     served = [r for r in ev.rollouts if r.reward is not None and r.upstreams and r.upstreams <= set(open_ups)]
     use = ev.upstream_use()
     calls = sum(use[n].calls for n in open_ups if n in use)
     ids = sum(use[n].with_token_ids for n in open_ups if n in use)
-    names = ", ".join(f"{n} ({k})" for n, k in open_ups.items())
+    names = ", ".join(_label(n, spec) for n in open_ups)
     detail = f"{names}: {calls} calls, {len(served)} scored rollouts served only by them"
     if served:
         detail += f", mean reward {sum(r.reward or 0.0 for r in served) / len(served):.2f}"
@@ -130,7 +151,9 @@ def verifiable_reward(spec: ExperimentSpec, ev: Evidence) -> Criterion:
 
 
 def _attempts(ev: Evidence) -> list[dict[str, Any]]:
-    """Prompt-level attempts in time order: each finished study, each decided journal entry."""
+    """Prompt-level attempts in time order: each finished study, each decided journal entry; each with what it was
+    measured against (`baseline_run`, `baseline_variant`) and what it kept (`candidate_run`, `candidate_variant`)
+    where that is known."""
     attempts = []
     for run in ev.runs:
         result = run.study_result
@@ -139,8 +162,11 @@ def _attempts(ev: Evidence) -> list[dict[str, Any]]:
         confirmation = result.get("confirmation") or {}
         gain = (confirmation.get("difference") or {}).get("mean")
         accepted = result.get("recommendation") == "adopt"
+        variants = run.manifest.get("variants") or [{}]
         attempts.append({"time": run.created_at, "source": f"study {run.run_id}", "accepted": accepted,
-                         "gain": float(gain) if accepted and gain is not None else 0.0})
+                         "gain": float(gain) if accepted and gain is not None else 0.0,
+                         "baseline_run": run.run_id, "baseline_variant": variants[0].get("name"),
+                         "candidate_run": run.run_id, "candidate_variant": (result.get("winner") or {}).get("name")})
     for entry in ev.journal:
         decision = entry.get("decision")
         if decision not in ("kept", "reverted"):
@@ -149,13 +175,47 @@ def _attempts(ev: Evidence) -> list[dict[str, Any]]:
         accepted = decision == "kept"
         attempts.append({"time": float(entry.get("time", 0.0)), "source": f"journal: {entry.get('change', '?')}",
                          "accepted": accepted,
-                         "gain": float(gain) if accepted and isinstance(gain, (int, float)) else 0.0})
+                         "gain": float(gain) if accepted and isinstance(gain, (int, float)) else 0.0,
+                         **{k: entry.get(k) for k in ("baseline_run", "baseline_variant", "candidate_run",
+                                                      "candidate_variant")}})
     return sorted(attempts, key=lambda a: a["time"])
+
+
+def _extends(attempt: dict[str, Any], head: dict[str, Any]) -> bool:
+    """Whether `attempt` was measured against what the kept attempt `head` produced, or a later state: a baseline
+    in a run made after head's candidate (run ids sort by creation time), or head's candidate itself. Without run
+    ids, as the skill works: each attempt is measured against the last kept change."""
+    base, kept = attempt.get("baseline_run"), head.get("candidate_run")
+    if not base or not kept:
+        return True
+    return bool(base > kept or (base == kept and attempt.get("baseline_variant") == head.get("candidate_variant")))
+
+
+def chain_gain(attempts: list[dict[str, Any]]) -> float:
+    """The largest accuracy gain along a chain of kept baselines: gains measured against different baselines are
+    never added up (an attempt against an older baseline already contains what was kept since)."""
+    best = total = 0.0
+    head: dict[str, Any] | None = None
+    for attempt in attempts:
+        if not attempt["accepted"]:
+            continue
+        total = (total if head is None or _extends(attempt, head) else 0.0) + attempt["gain"]
+        best = max(best, total)
+        head = attempt
+    return best
+
+
+def _described(attempt: dict[str, Any]) -> str:
+    if not attempt["accepted"]:
+        return f"reverted ({attempt['source']})"
+    against = (f" vs {attempt['baseline_run']}:{attempt['baseline_variant']}" if attempt.get("baseline_run") else "")
+    return f"{100 * attempt['gain']:+.1f} kept ({attempt['source']}{against})"
 
 
 def plateau(ev: Evidence) -> Criterion:
     title = "prompt-level gains have plateaued"
-    threshold = f"last {PLATEAU_WINDOW} attempts gained < {100 * PLATEAU_MIN_GAIN:.0f} accuracy points in all"
+    threshold = (f"last {PLATEAU_WINDOW} attempts gained < {100 * PLATEAU_MIN_GAIN:.0f} accuracy points, "
+                 "summed along the chain of kept baselines")
     attempts = _attempts(ev)
     if len(attempts) < PLATEAU_WINDOW:
         return Criterion("plateau", title, UNKNOWN, None, threshold,
@@ -163,9 +223,9 @@ def plateau(ev: Evidence) -> Criterion:
                          f"keep improving prompts, tools and settings first: {PLATEAU_WINDOW - len(attempts)} more "
                          "attempt(s) judged by `agl compare` or `agl optimize`, each recorded in the journal")
     last = attempts[-PLATEAU_WINDOW:]
-    gain = sum(a["gain"] for a in last)
-    kept = sum(1 for a in last if a["accepted"])
-    detail = f"last {PLATEAU_WINDOW}: {kept} kept, {100 * gain:+.1f} points in all ({len(attempts)} attempts recorded)"
+    gain = chain_gain(last)
+    detail = (f"last {PLATEAU_WINDOW}: " + "; ".join(_described(a) for a in last)
+              + f"; along the chain of kept baselines {100 * gain:+.1f} points ({len(attempts)} attempts recorded)")
     if gain >= PLATEAU_MIN_GAIN:
         return Criterion("plateau", title, FAIL, round(gain, 4), threshold, detail,
                          "prompt-level changes still pay: keep going before training")

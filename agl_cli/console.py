@@ -7,7 +7,13 @@ import os
 import sys
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+# Wider than any table agl prints: the width a table is measured against when nothing may be cut.
+_UNBOUNDED = 100_000
 
 
 def stderr_console() -> Console:
@@ -16,6 +22,19 @@ def stderr_console() -> Console:
 
 def stdout_console() -> Console:
     return Console(no_color="NO_COLOR" in os.environ, highlight=False, soft_wrap=True)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table on a terminal fits the screen; anywhere else (a pipe, a file, an agent reading stdout) it is
+    printed at its natural width, so no cell is wrapped or cut: run ids and variant names stay whole to copy."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Measurement.get(console, console.options.update_width(_UNBOUNDED), table).maximum
+    title = cell_len(str(table.title)) if table.title else 0
+    whole = Console(file=console.file, width=max(natural, title, 1), no_color=True, color_system=None,
+                    highlight=False, soft_wrap=True)
+    whole.print(table)
 
 
 def print_json(document: Any) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_cli.grading import Grader
+from agl_cli.run_spend import own_usd, run_spend
 from agl_cli.rundir import RunDir
 from agl_cli.spec import ExperimentSpec
 from agl_cli.stack import Stack
@@ -114,17 +115,14 @@ class EvalRunner:
         budget = self.spec.budget
         if budget.rollouts is not None and started >= budget.rollouts:
             return False
-        if budget.usd is not None:
-            # The priced spend: a budget in USD starts only when every model it can call has a price (agl_cli.prices).
-            spent = sum(t.priced_usd for t in self.store.call_totals_by_rollout().values())
-            if spent >= budget.usd:
-                return False
-        return True
+        # Rollouts reused from earlier runs cost this run nothing: only its own calls count against budget.usd (their
+        # priced cost: a budget in USD starts only when every model it can call has a price, see agl_cli.prices).
+        return budget.usd is None or own_usd(self.store) < budget.usd
 
     async def run(self, plan: list[PlannedRollout]) -> None:
         todo = self.pending(plan)
         semaphore = asyncio.Semaphore(self.spec.concurrency)
-        already = len(self.store.rollouts())
+        already = run_spend(self.store).launched
         started = 0
 
         async def one(item: PlannedRollout, attempt: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from agl_cli.commands import (
@@ -16,9 +18,11 @@ from agl_cli.commands import (
     runs_cmd,
     serve_cmd,
     skill_cmd,
+    tasks_cmd,
     train_cmd,
     train_group,
     train_k8s,
+    transcript_cmd,
 )
 
 app = typer.Typer(
@@ -28,6 +32,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from agl_cli.version import installed_version
+
+        typer.echo(f"agl {installed_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print agl's version and exit.")] = False,
+) -> None:
+    """Make an AI agent better, from prompt edits to weight training, without rewriting the agent."""
+
+
 app.command("eval")(eval_cmd.eval_command)
 app.command("compare")(compare_cmd.compare_command)
 app.command("optimize")(optimize_cmd.optimize_command)
@@ -35,6 +57,8 @@ app.command("init")(init_cmd.init_command)
 app.command("doctor")(doctor_cmd.doctor_command)
 app.command("runs")(runs_cmd.runs_command)
 app.command("report")(report_cmd.report_command)
+app.command("transcript")(transcript_cmd.transcript_command)
+app.command("tasks")(tasks_cmd.tasks_command)
 app.command("serve")(serve_cmd.serve_command)
 app.command("advise")(advise_cmd.advise_command)
 app.add_typer(skill_cmd.app, name="skill")

@@ -1,4 +1,5 @@
-"""Progress of a run on stderr: a rich bar on a terminal, one plain line per finished rollout otherwise."""
+"""Progress of a run on stderr: a rich bar on a terminal, one plain line per finished rollout otherwise. A rollout
+reused from an earlier run says so, on its line and in the bar, so it is never mistaken for one that ran."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class RolloutProgress:
         self.done = done
         self.scored = 0
         self.correct = 0.0
+        self.reused = 0
         self.quiet = quiet
         self.live = console.is_terminal and not quiet
         self._progress: Progress | None = None
@@ -37,20 +39,32 @@ class RolloutProgress:
             self._progress.stop()
 
     def on_event(self, kind: str, rollout: Rollout) -> None:
-        if kind != "finished":
-            return
+        if kind == "finished":
+            self._finished(rollout, None)
+
+    def on_reused(self, rollout: Rollout, source_run: str) -> None:
+        """A rollout copied from `source_run` by the result cache: counted as done, marked as reused."""
+        self.reused += 1
+        self._finished(rollout, source_run)
+
+    def _finished(self, rollout: Rollout, source_run: str | None) -> None:
         self.done += 1
         if rollout.reward is not None:
             self.scored += 1
             self.correct += rollout.reward
         mean = f"mean reward {self.correct / self.scored:.2f} over {self.scored}" if self.scored else "no reward yet"
+        if self.reused:
+            mean += f" ({self.reused} reused)"
         if self._progress is not None and self._task_id is not None:
             self._progress.update(self._task_id, completed=self.done, description=mean)
         elif not self.quiet:
             outcome = f"reward {rollout.reward:g}" if rollout.reward is not None else f"no reward: {rollout.error}"
-            duration = f"{rollout.duration_s:.1f}s" if rollout.duration_s is not None else "?"
+            if source_run is not None:
+                how = f"reused from run {source_run}, not run again"
+            else:
+                how = f"{rollout.duration_s:.1f}s" if rollout.duration_s is not None else "?"
             self.console.print(
                 f"[{self.done}/{self.total}] {rollout.variant} {rollout.task_id} seed {rollout.seed}: "
-                f"{outcome} ({duration})",
+                f"{outcome} ({how})",
                 markup=False,
             )

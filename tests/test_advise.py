@@ -232,3 +232,74 @@ def test_pass_at_k_estimator() -> None:
     assert advise_module.model_size_b(advise_module.ExperimentSpec.model_validate({
         "agent": {"command": "a"}, "tasks": {"path": "t"}, "grader": {"command": "g"},
         "upstreams": {"l": {"kind": "embedded", "model": "Qwen2.5-0.5B-Instruct"}}})) == 0.5
+
+
+# -- an openai-compatible upstream's weights are unknown unless agl.yaml names them --------------------------------
+
+
+def _hosted(spec: Path, **extra: Any) -> None:
+    """The agent's calls served by an openai-compatible upstream named `local`, as the ready fixture's runs record."""
+    _rewrite(spec, upstreams={"local": {"kind": "openai-compatible", "base_url": "https://api.example.com/v1", **extra}},
+             model="local/some-model")
+
+
+def test_an_openai_compatible_upstream_without_weights_is_unknown_not_open(ready: Path) -> None:
+    _hosted(ready)
+    doc = advise_json(str(ready))
+    criterion = next(c for c in doc["criteria"] if c["id"] == "open_weight_model")
+    assert criterion["status"] == "unknown" and doc["verdict"] == "not yet"
+    assert "weights unknown" in criterion["detail"] and "open-weight" not in criterion["detail"]
+    assert "weights: <Hugging Face id or folder>" in criterion["hint"]
+
+
+def test_named_weights_make_an_openai_compatible_upstream_open(ready: Path) -> None:
+    _hosted(ready, weights="Qwen/Qwen2.5-7B-Instruct")
+    criterion = next(c for c in advise_json(str(ready))["criteria"] if c["id"] == "open_weight_model")
+    assert criterion["status"] == "pass" and "weights Qwen/Qwen2.5-7B-Instruct" in criterion["detail"]
+
+
+def test_weights_on_a_closed_kind_is_a_config_error(ready: Path) -> None:
+    _rewrite(ready, upstreams={"openai": {"kind": "openai", "weights": "x"}})
+    result = CliRunner().invoke(app, ["advise", str(ready)])
+    assert result.exit_code == 2 and "weights" in result.output
+
+
+# -- plateau: gains add up only along the chain of kept baselines -------------------------------------------------
+
+
+def _journal(folder: Path, entries: list[tuple[float, str, str, str, str]]) -> None:
+    """Kept entries: (gain, baseline run, baseline variant, candidate run, candidate variant)."""
+    lines = [{"time": 2000.0 + i, "change": f"attempt {i}", "lever": "prompt", "difference": gain, "verdict": "better",
+              "decision": "kept", "baseline_run": b_run, "baseline_variant": b_var, "candidate_run": c_run,
+              "candidate_variant": c_var} for i, (gain, b_run, b_var, c_run, c_var) in enumerate(entries)]
+    (folder / ".agl" / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def _plateau(spec: Path) -> dict[str, Any]:
+    criterion: dict[str, Any] = next(c for c in advise_json(str(spec))["criteria"] if c["id"] == "plateau")
+    return criterion
+
+
+R1, R2, R3, R4 = (f"20260101-00000{i}-abcd" for i in range(1, 5))
+
+
+def test_gains_against_different_baselines_are_not_added_up(ready: Path) -> None:
+    # The trial: a fix (+30, run against run), a prompt on the new default (+10), then the original baseline
+    # again (+3.3). The third already contains the first two: the chain gained +40, never "+43.3 in all".
+    _journal(ready.parent, [(0.30, R1, "baseline", R2, "baseline"), (0.10, R3, "baseline", R3, "system_prompt=v2"),
+                            (0.033, R1, "baseline", R4, "baseline")])
+    criterion = _plateau(ready)
+    assert criterion["status"] == "fail" and criterion["value"] == pytest.approx(0.40)
+    assert "+40.0 points" in criterion["detail"] and "43.3" not in criterion["detail"]
+    assert f"+30.0 kept (journal: attempt 0 vs {R1}:baseline)" in criterion["detail"]
+
+
+def test_small_gains_along_a_chain_add_up_and_off_it_do_not(ready: Path) -> None:
+    chained = [(0.0, R1, "baseline", R1, "baseline"), (0.01, R1, "baseline", R1, "v2"), (0.01, R2, "baseline", R2, "v3")]
+    _journal(ready.parent, chained)
+    assert _plateau(ready)["status"] == "fail"  # +1 then +1 on top of it: +2 points, still gaining
+    each_against_the_first = [(0.01, R1, "baseline", R1, "v2"), (0.01, R1, "baseline", R1, "v3"),
+                              (0.01, R1, "baseline", R1, "v4")]
+    _journal(ready.parent, each_against_the_first)
+    criterion = _plateau(ready)
+    assert criterion["status"] == "pass" and criterion["value"] == pytest.approx(0.01)

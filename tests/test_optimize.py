@@ -209,6 +209,7 @@ def test_racing_end_to_end_confirms_writes_best_config_and_reruns_from_cache(tmp
     assert "test" not in splits[: splits.index("test")] and set(splits[splits.index("test"):]) == {"test"}
     again = optimize_json(tmp_path)
     assert again["spend"]["rollouts"] == 0 and again["spend"]["reused_from_cache"] == doc["spend"]["rollouts"]
+    assert f"rollouts reused from run {doc['study_id']} (" in again["_stderr"]  # which run paid for them
     assert again["winner"] == doc["winner"] and again["rounds"] == doc["rounds"]
     fresh = optimize_json(tmp_path, "--no-cache", "--max-rollouts", "5")
     assert fresh["spend"]["rollouts"] <= 5 and fresh["spend"]["reused_from_cache"] == 0

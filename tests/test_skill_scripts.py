@@ -141,3 +141,85 @@ def test_an_unpriced_call_makes_the_cost_unknown_not_zero(project: Path) -> None
     assert base["by_model"]["openai/gpt-4.1-mini"]["cost_usd"] == pytest.approx(0.004)
     spent = as_json(run_script("spend.py", "--budget-usd", "0.01", cwd=project))
     assert spent["usd"] is None and spent["unpriced_calls"] == 1 and spent["priced_usd"] == pytest.approx(0.006)
+
+
+# -- the journal records the whole decision: the candidate among several, and the held-out confirmation -----------
+
+
+def _compare_json(folder: Path, run_id: str, split: str, *refs: str) -> Path:
+    """The real `agl compare --json` document, written to a file as the skill tells the agent to."""
+    from typer.testing import CliRunner
+
+    from agl_cli.main import app
+
+    result = CliRunner().invoke(app, ["compare", *refs, "--run", run_id, "--split", split, "--json",
+                                      "--runs-dir", str(folder / ".agl" / "runs")])
+    assert result.exit_code == 0, result.output
+    path = folder / f"cmp-{split}-{len(refs)}.json"
+    path.write_text(result.stdout)
+    return path
+
+
+@pytest.fixture
+def variants_on_val_and_test(tmp_path: Path) -> tuple[Path, str]:
+    """20 tasks per split. Right on val: baseline 4, v2 18, v3 8, v4 18; on test: baseline 10, v2 18, v4 none.
+    So v2 is better on val and on test, and v4 better on val but worse on test."""
+    run = RunDir.create(tmp_path / ".agl" / "runs", spec_data={}, manifest={"kind": "eval", "spec_path": "x"})
+    store = RunStore(run.store_path)
+    for split in ("val", "test"):
+        held_out = split == "test"
+        for i in range(20):
+            for variant, right in (("baseline", i < (10 if held_out else 4)), ("v2", i < 18), ("v3", i < 8),
+                                   ("v4", not held_out and i < 18)):
+                store.put_rollout(Rollout(
+                    id=f"{variant}-{split}-{i}", key=f"{variant}/{split}{i}/0", variant=variant,
+                    task_id=f"{split}{i}", split=split, status=RolloutStatus.succeeded, reward=1.0 if right else 0.0,
+                    reward_source=RewardSource.grader, started_at=1.0, ended_at=2.0,
+                ))
+    store.close()
+    return tmp_path, run.run_id
+
+
+def test_journal_names_the_candidate_and_records_the_test_confirmation(variants_on_val_and_test: tuple[Path, str]) -> None:
+    folder, run_id = variants_on_val_and_test
+    val = _compare_json(folder, run_id, "val", "baseline", "v2", "v3")
+    test = _compare_json(folder, run_id, "test", "baseline", "v2")
+    base = ["add", "--hypothesis", "h", "--lever", "prompt", "--change", "prompt v2", "--compare-json", str(val)]
+
+    unnamed = run_script("journal.py", *base, "--decision", "kept", cwd=folder)
+    assert unnamed.returncode == 2 and "judged 2 candidates" in unnamed.stderr and "v2, v3" in unnamed.stderr
+    wrong_name = run_script("journal.py", *base, "--candidate", "v9", "--decision", "kept", cwd=folder)
+    assert wrong_name.returncode == 2 and "no candidate 'v9'" in wrong_name.stderr
+
+    entry = as_json(run_script("journal.py", *base, "--candidate", "v3", "--decision", "reverted",
+                               cwd=folder))["entry"]
+    assert entry["candidate"] == "v3" and entry["difference"] == pytest.approx(0.2)
+
+    entry = as_json(run_script("journal.py", *base, "--candidate", f"{run_id}:v2", "--test-compare-json", str(test),
+                               "--decision", "kept", cwd=folder))["entry"]
+    assert entry["candidate"] == "v2" and entry["split"] == "val" and entry["difference"] == pytest.approx(0.7)
+    # What agl advise needs to add gains only along the chain of kept baselines.
+    assert (entry["baseline_run"], entry["baseline_variant"]) == (run_id, "baseline")
+    assert (entry["candidate_run"], entry["candidate_variant"]) == (run_id, "v2")
+    assert entry["test"]["split"] == "test" and entry["test"]["candidate"] == "v2"
+    assert entry["test"]["verdict"] == "better" and entry["test"]["difference"] == pytest.approx(0.4)
+    assert entry["test"]["n_tasks"] == 20 and entry["test"]["ci95"][0] > 0
+
+    same_split = run_script("journal.py", *base, "--candidate", "v2", "--test-compare-json", str(val),
+                            "--decision", "kept", cwd=folder)
+    assert same_split.returncode == 2 and "held-out" in same_split.stderr
+    table = run_script("journal.py", "show", "--markdown", cwd=folder).stdout
+    assert "| prompt | prompt v2 | better | +70.0 pts | kept | better +40.0 pts |" in table
+
+
+def test_journal_refuses_to_keep_what_the_test_split_calls_worse(variants_on_val_and_test: tuple[Path, str]) -> None:
+    folder, run_id = variants_on_val_and_test
+    val = _compare_json(folder, run_id, "val", "baseline", "v4")
+    test = _compare_json(folder, run_id, "test", "baseline", "v4")
+    assert json.loads(test.read_text())["verdict"] == "worse"
+    args = ["add", "--hypothesis", "h", "--lever", "prompt", "--change", "c", "--compare-json", str(val),
+            "--test-compare-json", str(test)]
+    refused = run_script("journal.py", *args, "--decision", "kept", cwd=folder)
+    assert refused.returncode == 2 and "test confirmation says `worse`" in refused.stderr
+    entry = as_json(run_script("journal.py", *args, "--decision", "reverted", cwd=folder))["entry"]
+    assert entry["verdict"] == "better" and entry["test"]["verdict"] == "worse"

@@ -25,7 +25,7 @@ def advise_command(
 
     from agl_cli.advise import advise, probe_compute
     from agl_cli.advise_evidence import gather
-    from agl_cli.console import print_json, stdout_console
+    from agl_cli.console import print_json, print_table, stdout_console
     from agl_cli.spec import load_spec
 
     evidence = gather(target, runs_dir)
@@ -42,7 +42,7 @@ def advise_command(
         table.add_column(column)
     for c in document["criteria"]:
         table.add_row(Text(MARKS[c["status"]]), Text(c["title"]), Text(c["detail"]), Text(c["threshold"]))
-    out.print(table)
+    print_table(out, table)
     out.print(f"verdict: {document['verdict']}", markup=False)
     for warning in document["warnings"]:
         out.print(f"warning: {warning}", markup=False)

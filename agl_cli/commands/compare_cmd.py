@@ -208,7 +208,7 @@ def compare_command(
     from rich.table import Table
     from rich.text import Text
 
-    from agl_cli.console import print_json, stdout_console
+    from agl_cli.console import print_json, print_table, stdout_console
     from agl_cli.errors import AglError, UsageError
     from agl_cli.paired import ALPHA, WORSE
 
@@ -248,7 +248,7 @@ def compare_command(
                 Text(d["verdict"]), Text(f"{base.served.label()} / {side.served.label()}"),
             )
         out = stdout_console()
-        out.print(table)
+        print_table(out, table)
         for side, d in zip(candidates, docs, strict=True):
             out.print(sentence(short(side), d), markup=False)
     from agl_cli.console import stderr_console

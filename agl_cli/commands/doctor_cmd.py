@@ -96,7 +96,7 @@ def doctor_command(
     from rich.table import Table
     from rich.text import Text
 
-    from agl_cli.console import print_json, stdout_console
+    from agl_cli.console import print_json, print_table, stdout_console
 
     checks = collect()
     if json_output:
@@ -108,6 +108,6 @@ def doctor_command(
         for c in checks:
             mark = "ok" if c["ok"] else ("MISSING" if c["required"] else "absent")
             table.add_row(*(Text(cell) for cell in (mark, c["name"], c["detail"], c["fix"] or "")))
-        stdout_console().print(table)
+        print_table(stdout_console(), table)
     if not all(c["ok"] for c in checks if c["required"]):
         raise typer.Exit(1)

@@ -102,12 +102,9 @@ def _prepare_resume(
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from agl_cli.version import installed_version
 
-    try:
-        return version("agl")
-    except PackageNotFoundError:
-        return "unknown"
+    return installed_version()
 
 
 def execute_eval(
@@ -116,11 +113,13 @@ def execute_eval(
 ) -> dict[str, Any]:
     import asyncio
     import sys
+    from collections import Counter
 
     from agl_cli.console import stderr_console
     from agl_cli.controllers import make_controller, run_then_close
     from agl_cli.evaluation import EvalRunner
     from agl_cli.progress import RolloutProgress
+    from agl_cli.run_spend import own_usd, reused_among, run_spend
     from agl_cli.stack import running_stack
     from agl_cli.summary import summarize_run
 
@@ -145,16 +144,19 @@ def execute_eval(
     if spec.budget.usd is not None:
         from rl_backend.gateway.budget import SpendLimit
 
-        spent = sum(t.priced_usd for t in store.call_totals_by_rollout().values())
-        spend_limit = SpendLimit(spec.budget.usd, spent_usd=spent, hint="raise budget.usd in agl.yaml and resume the run")
+        spend_limit = SpendLimit(spec.budget.usd, spent_usd=own_usd(store),
+                                 hint="raise budget.usd in agl.yaml and resume the run")
     with running_stack(spec, store, log=console.print, spend_limit=spend_limit) as stack:
         controller = make_controller(spec, run.run_id)
         runner = EvalRunner(spec, run, store, stack, controller)
         todo = runner.pending(plan)
-        done_before = len(plan) - len(todo)
+        reused_rollouts = reused_among(store, [item.key for item in plan], skip={item.key for item, _ in todo})
+        done_before = len(plan) - len(todo) - len(reused_rollouts)
         if done_before:
-            console.print(f"resuming: {done_before} rollouts already finished are kept, {len(todo)} to run")
+            console.print(f"resuming: {done_before} rollouts this run already finished are kept, {len(todo)} to run")
         with RolloutProgress(console, total=len(plan), done=done_before, quiet=quiet) as progress:
+            for rollout, source in reused_rollouts:
+                progress.on_reused(rollout, source)
             runner.on_event = progress.on_event
             try:
                 asyncio.run(run_then_close(controller, lambda: runner.run(plan)))
@@ -164,6 +166,8 @@ def execute_eval(
     for item in plan:
         planned_keys[item.variant.name].append(item.key)
     summaries = summarize_run(store, planned_keys)
+    reused_by_variant = Counter(r.variant for r, _ in reused_among(store, [item.key for item in plan]))
+    spend = run_spend(store)
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
@@ -181,8 +185,10 @@ def execute_eval(
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "status": status,
-        "variants": [s.as_json() for s in summaries],
+        "variants": [{**s.as_json(), "reused": reused_by_variant.get(s.name, 0)} for s in summaries],
+        "spend": spend.as_json(),
         "_summaries": summaries,
+        "_spend": spend,
     }
 
 
@@ -226,7 +232,8 @@ def eval_command(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every rollout, even ones done before.")] = False,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
-    from agl_cli.console import print_json, stderr_console, stdout_console
+    from agl_cli.console import print_json, print_table, stderr_console, stdout_console
+    from agl_cli.costs import usd_text
     from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
 
@@ -251,6 +258,7 @@ def eval_command(
         spec.concurrency = concurrency
     result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache)
     summaries = result.pop("_summaries")
+    spend = result.pop("_spend")
     if report:
         result["report"] = _write_report(run)
     gate: tuple[bool, str] | None = None
@@ -263,8 +271,12 @@ def eval_command(
         print_json(result)
     else:
         out = stdout_console()
-        out.print(variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
+        print_table(out, variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
         print_missing_reasons(out, summaries)
+        out.print(f"this run launched {spend.launched} rollouts and spent "
+                  f"{usd_text(spend.priced_usd, spend.unpriced_calls)}", markup=False)
+        if spend.reuse_line():
+            out.print(spend.reuse_line(), markup=False)
         stderr_console().print(f"run stored in {run.path}")
     print_model_warnings(stderr_console(), summaries)
     if gate is not None:

@@ -74,7 +74,7 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
     from rich.text import Text
 
     from agl_cli.commands.compare_cmd import sentence
-    from agl_cli.console import fmt_ci
+    from agl_cli.console import fmt_ci, print_table
 
     table = Table(title=f"study {doc['study_id']} ({doc['strategy']}, {doc['splits']['search']['name']})",
                   title_justify="left")
@@ -92,7 +92,7 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
             "—" if row["latency_p95_s"] is None else f"{row['latency_p95_s']:.1f}s",
             "*" if row["pareto"] else "",
         )
-    out.print(table)
+    print_table(out, table)
     winner = doc.get("winner")
     if winner:
         out.print(f"winner: {winner['name']}", markup=False)

@@ -21,7 +21,7 @@ def runs_command(
     from rich.table import Table
     from rich.text import Text
 
-    from agl_cli.console import print_json, stdout_console
+    from agl_cli.console import print_json, print_table, stdout_console
     from agl_cli.rundir import MANIFEST, runs_root
 
     root = runs_root(runs_dir)
@@ -45,4 +45,4 @@ def runs_command(
         cells = (row["run_id"], row["kind"] or "", row["status"] or "", row["split"] or "all",
                  ", ".join(row["variants"]), row["spec"] or "")
         table.add_row(*(Text(cell) for cell in cells))
-    stdout_console().print(table)
+    print_table(stdout_console(), table)

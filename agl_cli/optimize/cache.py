@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agl_cli.evaluation import PlannedRollout, rollout_id
+from agl_cli.run_spend import IMPORTED_META, imported_ids
 from agl_cli.rundir import MANIFEST, RunDir
 from agl_cli.spec import ExperimentSpec
 from agl_cli.tasks import Task
@@ -29,7 +30,6 @@ from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, Rollout
 
 REUSABLE_FAILURES = {None, FailureKind.agent_crashed, FailureKind.agent_timeout, FailureKind.no_output}
-IMPORTED_META = "cache_imported"  # meta key: {rollout id in this store: source run id}
 _EXCLUDE = (":(exclude).agl", ":(exclude)**/.agl/**", ":(exclude)agl.best.yaml")
 
 
@@ -161,6 +161,5 @@ class ResultCache:
         return count
 
 
-def imported_ids(store: RunStore) -> set[str]:
-    return set(store.get_meta(IMPORTED_META, {}))
+__all__ = ["IMPORTED_META", "ResultCache", "agent_version", "imported_ids", "source_state", "task_hash"]
 

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from agl_cli.evaluation import make_plan
 from agl_cli.optimize.cache import ResultCache
 from agl_cli.optimize.study import Ledger, Study, StudyRunner
+from agl_cli.run_spend import from_runs, reused_among
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.store.db import RunStore
@@ -83,7 +84,9 @@ class Executor:
             copied = self.cache.import_into(self.store, plan)
             if copied:
                 self.reused += copied
-                self.console.print(f"{label}: {copied} rollouts reused from the cache (same variant, task, seed, agent)")
+                reused = reused_among(self.store, [item.key for item in plan])
+                self.console.print(f"{label}: {copied} rollouts reused from {from_runs(reused)} (same variant, task, "
+                                   "seed and agent: not run again, and not counted as spent)")
         todo = self.runner.pending(plan)
         if not todo:
             return True

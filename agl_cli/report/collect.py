@@ -17,11 +17,13 @@ from agl_cli.costs import rollout_costs
 from agl_cli.optimize.objectives import VariantMetrics, measure, pareto_front
 from agl_cli.report.compare import Flip, choose_winner, flips, paired_docs
 from agl_cli.report.usage import CallUsage, read_usage
+from agl_cli.run_spend import imported_ids
 from agl_cli.rundir import RunDir
 from agl_cli.stats import Estimate, bootstrap_mean, wilson_interval
 from agl_cli.summary import VariantSummary, summarize_variant
 from rl_backend.store.records import CallTotals, Rollout
 
+HELD_OUT_SPLITS = ("test",)  # an eval on one of these confirms on held-out tasks; any other split is a search
 STUDY_RESULT_META = "study.result"  # agl_cli.optimize.engine.RESULT_META; not imported: the engine pulls the runner
 TRAIN_METRICS_META = "train_metrics"
 TRAIN_METRICS_FILE = "train_metrics.jsonl"
@@ -168,9 +170,10 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         stored_variants = store.variants()
         study = store.get_meta(STUDY_RESULT_META) if kind == "study" else None
         metrics_meta = store.get_meta(TRAIN_METRICS_META)
+        reused = imported_ids(store)
     finally:
         store.close()
-    usage = read_usage(run.store_path)
+    usage = read_usage(run.store_path, reused)
     listed = [v["name"] for v in manifest.get("variants", []) if isinstance(v, dict) and "name" in v]
     names = list(dict.fromkeys(listed + list(stored_variants) + [r.variant for r in latest]))
     knobs = {n: stored_variants.get(n, {}).get("knobs", {}) for n in names}
@@ -192,7 +195,8 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         label = f"the {split} split" if split else "all tasks"
         # A training run's own rollouts (the train split) are its curves; its verdict is on the held-out split.
         held_out = split if kind == "train" else None
-        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds))
+        role = "held-out confirmation" if kind == "eval" and split in HELD_OUT_SPLITS else ""
+        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds, role))
     if not sections or not sections[0].rows:
         sections = [Section(None, "all tasks", [], {})] + [s for s in sections if s.rows]
 

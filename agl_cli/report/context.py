@@ -15,12 +15,25 @@ from agl_cli.costs import cost_unknown_reason, unpriced_text
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
 from agl_cli.report.collect import RunData, Section
-from agl_cli.report.fmt import anchor, count, pct, points, reason_label, rich_html, rich_md, rich_plain, seconds, usd
-from agl_cli.report.transcripts import Transcript, transcript
+from agl_cli.report.fmt import (
+    anchor,
+    count,
+    pct,
+    plural,
+    points,
+    reason_label,
+    rich_html,
+    rich_md,
+    rich_plain,
+    seconds,
+    usd,
+)
+from agl_cli.report.transcripts import Transcript, clip, last_reply, transcript
 from agl_cli.report.verdict import TESTS, notes, verdict
 
 MAX_TRANSCRIPTS = 60  # a report stays readable and small; the run store has every call
 MAX_FLIPS = 40
+MAX_REPLY_CHARS = 300  # a failure example's last model reply; its transcript has the whole of it
 
 
 @dataclass
@@ -167,7 +180,9 @@ def _flip_table(data: RunData, included: set[str]) -> tuple[str, Table] | None:
                    (f"winner ({data.winner})", "r"), ("transcripts", "l")], rows)
 
 
-def _failure_tables(data: RunData, included: set[str]) -> tuple[Table | None, list[dict[str, Any]]]:
+def _failure_tables(data: RunData, included: set[str], replies: dict[str, str | None]) -> tuple[Table | None,
+                                                                                              list[dict[str, Any]]]:
+    """`replies`: each example rollout's last model reply, shown beside the reason (a misread reply shows there)."""
     rows, examples = fail.breakdown(data)
     if not rows:
         return None, []
@@ -183,7 +198,8 @@ def _failure_tables(data: RunData, included: set[str]) -> tuple[Table | None, li
                    "A rollout without a reward is never counted as 0: it is missing, with its reason. "
                    "'not run' means planned but never finished (an interrupted run or the budget).")
     listed = [{"variant": e.variant, "reason": reason_label(e.reason), "message": e.message,
-               "link": anchor(e.rollout_id) if e.rollout_id in included else None, "rollout_id": e.rollout_id}
+               "link": anchor(e.rollout_id) if e.rollout_id in included else None, "rollout_id": e.rollout_id,
+               "reply": clip(" ".join(reply.split()), MAX_REPLY_CHARS) if (reply := replies.get(e.rollout_id)) else None}
               for e in examples]
     return table, listed
 
@@ -240,18 +256,23 @@ def build(data: RunData) -> dict[str, Any]:
     chosen = _select_transcripts(data)
     included = set(chosen)
     by_id = {r.id: r for r in data.latest}
+    _, examples = fail.breakdown(data)
     store = data.run.open_store()
     try:
         transcripts: list[Transcript] = [transcript(by_id[rid], store.calls(rollout_id=rid), anchor(rid))
                                          for rid in chosen if rid in by_id]
+        replies = {e.rollout_id: last_reply(store.calls(rollout_id=e.rollout_id)) for e in examples}
     finally:
         store.close()
     study_rows = {row["name"]: row for row in (data.study or {}).get("variants", []) if isinstance(row, dict)}
     pieces = verdict(data)
-    failure_table, examples = _failure_tables(data, included)
+    failure_table, failure_examples = _failure_tables(data, included, replies)
     usage = data.usage
     spend_line = (f"{usage.calls:,} model calls, {count(usage.total_tokens)} tokens, {_total_cost(data)} over "
-                  f"{seconds(usage.duration_s)}" if usage.calls else "No model calls were recorded in this run.")
+                  f"{seconds(usage.duration_s)}" if usage.calls else "No model calls were made by this run.")
+    if usage.reused_rollouts:
+        spend_line += (f" Not counted: {plural(usage.reused_rollouts, 'rollout')} reused from earlier runs "
+                       f"({usage.reused_calls:,} calls, {usd(usage.reused_cost)} spent by those runs, not again).")
     pareto = plots.pareto(data.primary)
     title = {"study": "Study", "train": "Training run"}.get(data.kind, "Eval run") + f" {data.run.run_id}"
     if data.manifest.get("spec_name"):
@@ -269,7 +290,7 @@ def build(data: RunData) -> dict[str, Any]:
         "reflect_table": _reflect_table(data),
         "comparison_table": _comparison_rows(data),
         "flips": _flip_table(data, included),
-        "failure_table": failure_table, "failure_examples": examples,
+        "failure_table": failure_table, "failure_examples": failure_examples,
         "spend_plots": plots.spend(data), "spend_line": spend_line,
         "training": {"plots": plots.training(data.train_metrics), "table": _training_table(data.train_metrics)}
         if data.train_metrics else None,

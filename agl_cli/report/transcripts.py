@@ -160,6 +160,22 @@ def response_turns(api: str, response: dict[str, Any] | None) -> list[Turn]:
     return [Turn("response", _json(response))]
 
 
+def reply_text(call: CallRecord) -> str | None:
+    """What the model answered in one call, as text (tool calls included), secrets removed; None without an answer."""
+    turns = [t for t in response_turns(call.api.value, scrub(call.response)) if t.role != "error"]
+    text = "\n".join(t.text for t in turns if t.text)
+    return scrub_text(text) if text else None
+
+
+def last_reply(calls: list[CallRecord]) -> str | None:
+    """The model's last answer in a rollout: what the agent had to read its result from."""
+    for call in reversed(calls):
+        text = reply_text(call)
+        if text is not None:
+            return text
+    return None
+
+
 def call_views(calls: list[CallRecord]) -> list[CallView]:
     views: list[CallView] = []
     shown: list[Turn] = []  # the conversation so far: the previous call's request plus its answer

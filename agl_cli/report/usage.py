@@ -1,6 +1,8 @@
 """Model-call aggregates a report needs, read with SQL so a run with many large calls is never loaded whole:
-per-rollout totals, the models that served each rollout, failed calls per rollout, and the spend-over-time series
-(the cost curve adds the priced calls only; `unpriced_calls` says how many it leaves out)."""
+per-rollout totals, the models that served each rollout, failed calls per rollout, and the spend-over-time series.
+The series is what the run spent itself: calls of rollouts it reused from earlier runs are counted apart
+(`reused_*`), never spent twice; the cost curve adds the priced calls only (`unpriced_calls` says how many it
+leaves out)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ class CallUsage:
     cumulative_tokens: list[int] = field(default_factory=list)
     calls: int = 0
     unattributed: int = 0  # calls that named no rollout (a health check, an agent outside agl)
-    unpriced_calls: int = 0  # calls without a price: the total cost is unknown when there are any
+    unpriced_calls: int = 0  # this run's own calls without a price: its total cost is unknown when there are any
+    reused_rollouts: int = 0  # rollouts copied from earlier runs by the result cache
+    reused_calls: int = 0
+    reused_cost: float = 0.0  # the priced calls of those, spent by the runs they came from, not by this one
 
     @property
     def priced_cost(self) -> float:
@@ -41,7 +46,8 @@ class CallUsage:
         return self.times[-1] - self.times[0] if len(self.times) > 1 else 0.0
 
 
-def read_usage(store_path: Path) -> CallUsage:
+def read_usage(store_path: Path, reused: frozenset[str] | set[str] = frozenset()) -> CallUsage:
+    """`reused`: ids of the rollouts this run copied from earlier runs (agl_cli.run_spend)."""
     usage = CallUsage()
     if not store_path.is_file():
         return usage
@@ -50,18 +56,24 @@ def read_usage(store_path: Path) -> CallUsage:
     try:
         usage.totals = call_totals(conn)
         usage.uses = model_use(conn)
-        usage.unpriced_calls = int(conn.execute("SELECT COUNT(*) FROM calls WHERE cost_usd IS NULL").fetchone()[0])
         usage.failed_calls = dict(conn.execute(
             "SELECT rollout_id, COUNT(*) FROM calls WHERE rollout_id IS NOT NULL "
             "AND (error IS NOT NULL OR status_code >= 400) GROUP BY rollout_id"
         ).fetchall())
         usage.unattributed = int(conn.execute("SELECT COUNT(*) FROM calls WHERE rollout_id IS NULL").fetchone()[0])
+        usage.reused_rollouts = len(reused & usage.totals.keys())
         cost_sum, token_sum = 0.0, 0
-        for when, cost, tokens in conn.execute(
-            "SELECT COALESCE(ended_at, started_at) AS t, COALESCE(cost_usd, 0.0), "
+        for rid, when, cost, tokens in conn.execute(
+            "SELECT rollout_id, COALESCE(ended_at, started_at) AS t, cost_usd, "
             "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) FROM calls ORDER BY t, seq"
         ):
-            cost_sum += float(cost)
+            if rid in reused:
+                usage.reused_calls += 1
+                usage.reused_cost += float(cost or 0.0)
+                continue
+            if cost is None:
+                usage.unpriced_calls += 1
+            cost_sum += float(cost or 0.0)
             token_sum += int(tokens)
             usage.times.append(float(when))
             usage.cumulative_cost.append(cost_sum)

@@ -151,8 +151,13 @@ def notes(data: RunData) -> list[str]:
     if data.study:
         out += [str(m) for m in data.study.get("messages", [])]
     if data.kind != "study" and len(data.primary.rows) > 2 and data.comparison:
-        out.append("the winner was picked as the best of several on these same tasks, which flatters its gain; "
-                   "confirm it on held-out tasks (agl optimize does)")
+        if data.primary.role == "held-out confirmation":
+            out.append(f"{len(data.primary.rows) - 1} candidates were confirmed on these held-out tasks at once; "
+                       "each verdict against the baseline is Holm-adjusted for that")
+        else:
+            # A search: the most accurate of several on the same tasks is flattered by the choice itself.
+            out.append("the winner was picked as the best of several on these same tasks, which flatters its gain; "
+                       "confirm it on held-out tasks (agl optimize does)")
     rows = [r for s in data.sections for r in s.rows]
     out += list(dict.fromkeys(line for r in rows for line in r.summary.model_warnings))
     unpriced = list(dict.fromkeys(r.name for r in rows if r.summary.unpriced_calls))

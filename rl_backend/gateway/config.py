@@ -38,6 +38,11 @@ class UpstreamSpec(BaseModel):
         "`prices:` names them or their model, others are priced from `prices:` and agl's shipped table (set false "
         "for a local proxy in front of a paid API)",
     )
+    weights: str | None = Field(
+        default=None,
+        description="openai-compatible: where the served model's open weights come from (a Hugging Face id or a "
+        "local folder); unset, nothing says whether they are open, and `agl advise` calls them unknown",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSpec:
@@ -54,6 +59,9 @@ class UpstreamSpec(BaseModel):
                 raise ValueError("a replay upstream takes `path` and `api`, not `base_url(s)` or `record_to`")
         elif self.path or self.api:
             raise ValueError("`path` and `api` are for `kind: replay` (did you mean `record_to`?)")
+        if self.weights is not None and self.kind != "openai-compatible":
+            raise ValueError("`weights` is for `kind: openai-compatible` (an embedded upstream's `model` already names "
+                             "its weights; openai and anthropic serve closed models)")
         return self
 
     def urls(self) -> list[str]:

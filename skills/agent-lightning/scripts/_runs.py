@@ -60,6 +60,15 @@ def connect(run: Path) -> sqlite3.Connection:
     return conn
 
 
+def reused_ids(conn: sqlite3.Connection) -> set[str]:
+    """Ids of the rollouts a run copied from earlier runs (agl's result cache): paid for there, not here."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'cache_imported'").fetchone()
+    except sqlite3.OperationalError:  # a store from before the meta table
+        return set()
+    return set(json.loads(row[0])) if row else set()
+
+
 def latest_rollouts(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The newest attempt of each (variant, task, seed), in creation order."""
     newest: dict[str, dict[str, Any]] = {}
@@ -69,6 +78,94 @@ def latest_rollouts(conn: sqlite3.Connection) -> list[dict[str, Any]]:
         if old is None or item["attempt"] >= old["attempt"]:
             newest[item["key"]] = item
     return list(newest.values())
+
+
+# -- the model's reply, as text, from a recorded call (the same reading as `agl transcript`) ----------------------
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        content = [content]
+    if not isinstance(content, list):
+        return _dump(content)
+    parts: list[str] = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part, dict):
+            kind = part.get("type", "")
+            if isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif kind == "tool_use":
+                parts.append(f"[tool call {part.get('name')}] {_dump(part.get('input'))}")
+            elif kind in ("thinking", "redacted_thinking", "reasoning"):
+                parts.append("[reasoning]")
+            else:
+                parts.append(_dump(part))
+    return "\n".join(p for p in parts if p)
+
+
+def _chat_message(message: dict[str, Any]) -> str:
+    calls = [f"[tool call {(c.get('function') or {}).get('name')}] {(c.get('function') or {}).get('arguments', '')}"
+             for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    return "\n".join(t for t in (_content_text(message.get("content")), "\n".join(calls)) if t)
+
+
+def _responses_item(item: Any) -> str:
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        return _dump(item)
+    kind = item.get("type", "message")
+    if kind == "function_call":
+        return f"[tool call {item.get('name')}] {item.get('arguments', '')}"
+    if kind == "function_call_output":
+        return _content_text(item.get("output"))
+    if kind == "reasoning":
+        return "[reasoning]"
+    return _content_text(item.get("content"))
+
+
+def reply_text(api: str, response: Any) -> str | None:
+    """What the model answered in one call (tool calls included); None when the call has no answer."""
+    if not isinstance(response, dict) or not response:
+        return None
+    if "error" in response and not response.get("choices") and not response.get("content"):
+        return None
+    if api == "openai.chat":
+        texts = [_chat_message(c.get("message") or c.get("delta") or {}) for c in response.get("choices", [])]
+    elif api == "anthropic.messages":
+        texts = [_content_text(response.get("content"))]
+    elif api == "openai.responses":
+        texts = [_responses_item(i) for i in response.get("output", [])]
+    elif api == "openai.completions":
+        texts = [str(c.get("text", "")) for c in response.get("choices", [])]
+    else:
+        texts = [_dump(response)]
+    text = "\n".join(t for t in texts if t)
+    return text or None
+
+
+def last_reply(conn: sqlite3.Connection, rollout_id: str) -> str | None:
+    """The model's last answer in a rollout: what the agent had to read its result from."""
+    rows = conn.execute("SELECT api, response FROM calls WHERE rollout_id = ? ORDER BY seq DESC", (rollout_id,))
+    for row in rows:
+        try:
+            response = json.loads(row["response"]) if row["response"] else None
+        except ValueError:
+            continue
+        text = reply_text(row["api"], response)
+        if text is not None:
+            return text
+    return None
 
 
 def clip(text: Any, limit: int) -> Any:

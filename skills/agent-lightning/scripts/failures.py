@@ -4,10 +4,13 @@
 The evidence for the next hypothesis: which rollouts failed or have no reward and why (crash, timeout, grader
 failure, low reward), the commonest error lines, examples with the agent's output and stderr, and per variant
 where the money and the time go (by model, and the share of wall time spent waiting on model calls).
+With --replies each example also carries the model's last reply, beside the agent's output: a right answer
+that the agent misread shows there.
 
 Examples:
   failures.py                                  # the latest run under ./.agl/runs
   failures.py 20250101-120000-ab12 --variant baseline --limit 5
+  failures.py 20250101-120000-ab12 --replies --limit 100
   agl eval agl.yaml --split val --json | failures.py --eval-json -
 Read only; standard library only. Exit 0 on success, 2 on a usage error.
 """
@@ -23,7 +26,7 @@ from typing import Any
 
 sys.dont_write_bytecode = True  # no __pycache__ inside an installed skill
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import TERMINAL, clip, connect, emit, fail, find_run, manifest, percentile  # noqa: E402
+from _runs import TERMINAL, clip, connect, emit, fail, find_run, last_reply, manifest, percentile  # noqa: E402
 from _runs import latest_rollouts as read_rollouts  # noqa: E402
 
 
@@ -37,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--below", type=float, default=0.5, help="a reward below this is a failure (default 0.5)")
     parser.add_argument("--limit", type=int, default=10, help="failure examples to include (default 10)")
     parser.add_argument("--chars", type=int, default=600, help="characters kept of each output or log (default 600)")
+    parser.add_argument("--replies", action="store_true", help="add each example's last model reply (last_reply)")
     return parser.parse_args(argv)
 
 
@@ -125,14 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rollouts = read_rollouts(conn)
         by_model, totals = call_breakdown(conn)
+        rollouts = [r for r in rollouts if (args.variant is None or r["variant"] == args.variant)
+                    and (args.split is None or r["split"] == args.split)]
+        failures = [r for r in rollouts
+                    if r["status"] in TERMINAL and (r["reward"] is None or r["reward"] < args.below)]
+        examples = [example(r, totals, args.chars) for r in failures[: max(args.limit, 0)]]
+        if args.replies:
+            for item in examples:
+                item["last_reply"] = clip(last_reply(conn, item["rollout_id"]), args.chars)
     finally:
         conn.close()
-    rollouts = [r for r in rollouts if (args.variant is None or r["variant"] == args.variant)
-                and (args.split is None or r["split"] == args.split)]
     variants: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rollouts:
         variants[r["variant"]].append(r)
-    failures = [r for r in rollouts if r["status"] in TERMINAL and (r["reward"] is None or r["reward"] < args.below)]
     # A traceback's last line names the exception; that is what repeats across failing rollouts.
     error_lines = Counter(
         (r["error"] or "").strip().splitlines()[-1][:200] for r in failures if (r["error"] or "").strip()
@@ -146,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                                       for r in failures)),
         "common_errors": [{"line": line, "count": n} for line, n in error_lines.most_common(5)],
         "failures_total": len(failures),
-        "failures": [example(r, totals, args.chars) for r in failures[: max(args.limit, 0)]],
-        "next": "read a transcript: transcript.py ROLLOUT_ID --run " + run.name,
+        "failures": examples,
+        "next": f"read a transcript: agl transcript {run.name} ROLLOUT_ID; every failing rollout's last reply at "
+                f"once: agl transcript {run.name} --failing --replies-only --json",
     })
     return 0
 

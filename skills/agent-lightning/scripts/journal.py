@@ -4,12 +4,17 @@
 plateaued, so record every attempt, kept or reverted.
 
   journal.py add --hypothesis TEXT --lever LEVER --change TEXT [--evidence TEXT]
-                 [--compare-json FILE | --verdict V --difference D] --decision kept|reverted|pending
+                 [--compare-json FILE [--candidate NAME] | --verdict V --difference D]
+                 [--test-compare-json FILE] --decision kept|reverted|pending
   journal.py show [--markdown]
 
 `--compare-json` takes the output of `agl compare A B --split val --json` (FILE, or - for stdin) and fills in
-the baseline, candidate, split, verdict, difference, its interval and the number of tasks. `kept` is refused
-unless the verdict is `better`: only what the paired rule calls better stays.
+the baseline, candidate, split, verdict, difference, its interval and the number of tasks. When that compare
+judged several candidates (`agl compare A B C`), `--candidate` names the one this entry is about (its variant
+name, its reference, or RUN:variant). `--test-compare-json` takes the confirmation of the same candidate on the
+held-out split (`agl compare ... --split test --json`) and records it as the entry's `test` field.
+`kept` is refused unless the verdict is `better`, and refused when the test confirmation says `worse`: only
+what the paired rule calls better, and what held-out tasks do not contradict, stays.
 
 Prints the entry (add) or the journal (show) as JSON. Exit 0 on success, 2 on a usage error.
 """
@@ -41,18 +46,41 @@ def default_journal(runs_dir: str | None) -> Path:
     return (Path(home) if home else Path.cwd() / ".agl") / "journal.jsonl"
 
 
-def from_compare(source: str) -> dict[str, Any]:
+def _names(candidate: dict[str, Any]) -> set[str]:
+    """What a user may call a compared candidate: its reference, its variant, or RUN:variant."""
+    names = {str(candidate.get("ref")), str(candidate.get("variant"))}
+    if candidate.get("run_id"):
+        names.add(f"{candidate['run_id']}:{candidate.get('variant')}")
+    return names - {"None"}
+
+
+def from_compare(source: str, flag: str, wanted: list[str]) -> dict[str, Any]:
+    """The comparison of one candidate: the only one, or the first of `wanted` names that matches one."""
     try:
         doc = json.loads(sys.stdin.read() if source == "-" else Path(source).read_text())
-        first = doc["comparisons"][0]
+        comparisons = list(doc["comparisons"])
+        comparisons[0]["candidate"]  # noqa: B018 - the shape check: a compare document names its candidates
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        fail(f"--compare-json {source}: not the JSON document of `agl compare --json`")
+        fail(f"{flag} {source}: not the JSON document of `agl compare --json`")
+    refs = [str(c.get("candidate", {}).get("ref")) for c in comparisons]
+    chosen = [c for name in wanted for c in comparisons if name in _names(c.get("candidate", {}))][:1]
+    if not chosen and len(comparisons) == 1 and not wanted:
+        chosen = comparisons
+    if not chosen:
+        asked = f" has no candidate {wanted[0]!r}" if wanted else f" judged {len(comparisons)} candidates"
+        fail(f"{flag} {source}{asked}; name one with --candidate: {', '.join(refs)}")
+    one = chosen[0]
+    baseline = doc.get("baseline") or {}
+    candidate = one.get("candidate") or {}
     return {
-        "baseline": doc.get("baseline", {}).get("ref"), "candidate": first.get("candidate", {}).get("ref"),
-        "split": doc.get("split"), "verdict": first.get("verdict"),
-        "difference": (first.get("difference") or {}).get("mean"),
-        "ci95": (first.get("difference") or {}).get("ci95"), "n_tasks": first.get("n_tasks"),
-        "p_value": first.get("p_adjusted", first.get("p_value")),
+        "baseline": baseline.get("ref"), "baseline_run": baseline.get("run_id"),
+        "baseline_variant": baseline.get("variant"),
+        "candidate": candidate.get("ref"), "candidate_run": candidate.get("run_id"),
+        "candidate_variant": candidate.get("variant"),
+        "split": doc.get("split"), "verdict": one.get("verdict"),
+        "difference": (one.get("difference") or {}).get("mean"),
+        "ci95": (one.get("difference") or {}).get("ci95"), "n_tasks": one.get("n_tasks"),
+        "p_value": one.get("p_adjusted", one.get("p_value")),
     }
 
 
@@ -64,22 +92,41 @@ def add(args: argparse.Namespace) -> dict[str, Any]:
         "baseline": args.baseline, "candidate": args.candidate, "split": args.split,
         "verdict": args.verdict, "difference": args.difference, "decision": args.decision, "note": args.note,
     }
+    wanted = [args.candidate] if args.candidate else []
     if args.compare_json:
-        entry.update({k: v for k, v in from_compare(args.compare_json).items() if v is not None})
+        entry.update({k: v for k, v in from_compare(args.compare_json, "--compare-json", wanted).items()
+                      if v is not None})
+    if args.test_compare_json:
+        if args.compare_json == "-" and args.test_compare_json == "-":
+            fail("only one of --compare-json and --test-compare-json can read stdin")
+        # The held-out compare may be a run of its own: the same candidate, found by the names it went by.
+        names = [*wanted, *(str(entry[k]) for k in ("candidate", "candidate_variant") if entry.get(k))]
+        test = from_compare(args.test_compare_json, "--test-compare-json", names)
+        if test["split"] and entry["split"] and test["split"] == entry["split"]:
+            fail(f"--test-compare-json is on split {test['split']!r}, the split the decision was made on; "
+                 "the confirmation must be on held-out tasks (agl compare ... --split test --json)")
+        entry["test"] = test
     if entry["verdict"] is not None and entry["verdict"] not in VERDICTS:
         fail(f"--verdict must be one of: {', '.join(VERDICTS)}")
     if args.decision == "kept" and entry["verdict"] != "better":
         fail("only a change that `agl compare` calls `better` is kept; record this one as reverted or pending")
+    if args.decision == "kept" and (entry.get("test") or {}).get("verdict") == "worse":
+        fail("the test confirmation says `worse`: the change is not kept; record it as reverted")
     return entry
 
 
+def _points(diff: Any) -> str:
+    return f"{100 * diff:+.1f} pts" if isinstance(diff, (int, float)) else ""
+
+
 def markdown(entries: list[dict[str, Any]]) -> str:
-    lines = ["| date | lever | change | verdict | difference | decision |", "|---|---|---|---|---|---|"]
+    lines = ["| date | lever | change | verdict | difference | decision | test confirmation |",
+             "|---|---|---|---|---|---|---|"]
     for e in entries:
-        diff = e.get("difference")
-        shown = f"{100 * diff:+.1f} pts" if isinstance(diff, (int, float)) else ""
+        test = e.get("test") or {}
+        confirmed = f"{test.get('verdict') or ''} {_points(test.get('difference'))}".strip() if test else ""
         cells = [str(e.get("date", "")), str(e.get("lever", "")), str(e.get("change", "")).replace("|", "/"),
-                 str(e.get("verdict") or ""), shown, str(e.get("decision", ""))]
+                 str(e.get("verdict") or ""), _points(e.get("difference")), str(e.get("decision", "")), confirmed]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -96,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--change", required=True, help="what changed, e.g. a prompt file or a knob value")
     a.add_argument("--spec", help="the agl.yaml this attempt is about")
     a.add_argument("--compare-json", metavar="FILE", help="`agl compare --json` output to read (- for stdin)")
+    a.add_argument("--test-compare-json", metavar="FILE",
+                   help="the held-out confirmation: `agl compare ... --split test --json` of the same candidate")
     a.add_argument("--baseline", help="the baseline reference given to agl compare")
-    a.add_argument("--candidate", help="the candidate reference given to agl compare")
+    a.add_argument("--candidate", help="the candidate this entry is about; picks it when a compare judged several")
     a.add_argument("--split", help="the split the comparison ran on")
     a.add_argument("--verdict", help="better, worse, or no detectable difference")
     a.add_argument("--difference", type=float, help="accuracy difference, candidate minus baseline (0.05 = 5 points)")

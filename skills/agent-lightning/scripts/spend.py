@@ -2,6 +2,10 @@
 """What the optimization has spent so far, across every run in the runs folder, against a budget: rollouts
 launched and model cost in USD. Check it before each new eval, compare or optimize, and stop at the budget.
 
+A rollout that a run reused from an earlier run (same agent, variant, task and seed: agl's result cache) was
+paid for once, by the earlier run: it is listed as `reused_rollouts` / `reused_usd`, never counted as launched
+or spent again.
+
 Examples:
   spend.py --budget-usd 5 --budget-rollouts 2000          # the budget from agl.yaml's `budget:`
   spend.py --since 2025-01-01T09:00 --spec agl.yaml
@@ -19,7 +23,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # no __pycache__ inside an installed skill
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import connect, emit, fail, manifest, runs_root  # noqa: E402
+from _runs import connect, emit, fail, manifest, reused_ids, runs_root  # noqa: E402
 
 
 def since_epoch(text: str | None) -> float:
@@ -60,17 +64,27 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             conn = connect(folder)
-            rollouts = conn.execute("SELECT COUNT(*) FROM rollouts").fetchone()[0]
-            usd, unpriced = conn.execute(
-                "SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(cost_usd IS NULL), 0) FROM calls").fetchone()
+            reused = reused_ids(conn)
+            ids = {row[0] for row in conn.execute("SELECT id FROM rollouts")}
+            costs = conn.execute("SELECT rollout_id, COALESCE(SUM(cost_usd), 0), COALESCE(SUM(cost_usd IS NULL), 0) "
+                                 "FROM calls GROUP BY rollout_id")
+            usd = reused_usd = 0.0
+            unpriced = 0
+            for rollout_id, cost, missing in costs:
+                if rollout_id in reused:
+                    reused_usd += cost
+                else:
+                    usd += cost
+                    unpriced += missing
             conn.close()
         except sqlite3.DatabaseError:
             continue
         # A call without a price has an unknown cost: the run's usd is then unknown (None), and priced_usd is what
-        # is known to be spent at least.
-        runs.append({"run_id": folder.name, "kind": meta.get("kind"), "rollouts": rollouts,
+        # is known to be spent at least. Rollouts reused from earlier runs were spent there, not again.
+        runs.append({"run_id": folder.name, "kind": meta.get("kind"), "rollouts": len(ids - reused),
                      "usd": None if unpriced else round(usd, 6), "priced_usd": round(usd, 6),
-                     "unpriced_calls": unpriced})
+                     "unpriced_calls": unpriced, "reused_rollouts": len(ids & reused),
+                     "reused_usd": round(reused_usd, 6)})
     total_rollouts = sum(r["rollouts"] for r in runs)
     total_usd = sum(r["priced_usd"] for r in runs)
     unpriced_calls = sum(r["unpriced_calls"] for r in runs)
@@ -79,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     emit({
         "runs_dir": str(root), "runs": runs, "rollouts": total_rollouts,
         "usd": None if unpriced_calls else round(total_usd, 6), "priced_usd": round(total_usd, 6),
-        "unpriced_calls": unpriced_calls,
+        "unpriced_calls": unpriced_calls, "reused_rollouts": sum(r["reused_rollouts"] for r in runs),
         "budget": {"usd": args.budget_usd, "rollouts": args.budget_rollouts},
         "left": {
             "usd": None if args.budget_usd is None else round(args.budget_usd - total_usd, 6),
