@@ -29,7 +29,10 @@ def loads(data: bytes | bytearray | str) -> Any:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:
             pass  # the standard library accepts a little more (NaN) and words its errors as tests expect
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:  # nesting deeper than Python's stack (orjson stops at 1024 levels)
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 def dumps(value: Any) -> bytes:
