@@ -12,7 +12,7 @@ UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible", "
 class UpstreamSpec(BaseModel):
     """One entry of `upstreams:` in agl.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: UpstreamKind
     model: str | None = Field(default=None, description="embedded: the model to load (a known name or a local HF dir)")
