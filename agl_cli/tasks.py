@@ -10,6 +10,7 @@ from typing import Any
 
 from agl_cli.errors import ConfigError
 from agl_cli.spec import ExperimentSpec, SplitByField, SplitByFractions
+from rl_backend.gateway.jsonfast import deeper_than
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,6 @@ def _split_by_fractions(ids: list[str], split: SplitByFractions) -> dict[str, st
 MAX_TASK_DEPTH = 200  # far deeper than any task; shallow enough that every JSON encoder agl uses on it succeeds
 
 
-def _check_depth(data: Any, path: object, line: int) -> None:
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_TASK_DEPTH:
-            raise ConfigError(f"{path}:{line}: the task is nested more than {MAX_TASK_DEPTH} levels deep")
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-
-
 def load_tasks(spec: ExperimentSpec) -> list[Task]:
     path = spec.resolve(spec.tasks.path)
     tasks: list[Task] = []
@@ -71,7 +62,8 @@ def load_tasks(spec: ExperimentSpec) -> list[Task]:
             raise ConfigError(f"{path}:{number}: cannot be read ({reason})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}:{number}: expected a JSON object, found {type(data).__name__}")
-        _check_depth(data, path, number)
+        if deeper_than(data, MAX_TASK_DEPTH):
+            raise ConfigError(f"{path}:{number}: the task is nested more than {MAX_TASK_DEPTH} levels deep")
         raw_id = data.get(spec.tasks.id_field, number)
         if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or (isinstance(raw_id, str) and not raw_id):
             raise ConfigError(

@@ -31,7 +31,9 @@ def _key_of(node: yaml.Node) -> Any:
             return yaml.constructor.SafeConstructor().construct_object(node)
         except yaml.YAMLError:
             return node.value
-    return node.value if isinstance(node, yaml.ScalarNode) else f"<{node.id} on line {node.start_mark.line + 1}>"
+    if isinstance(node, yaml.ScalarNode):
+        return node.value
+    return f"<a {type(node).__name__} key on line {node.start_mark.line + 1}>"
 
 
 class _Walker:

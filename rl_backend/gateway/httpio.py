@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 
 from rl_backend.gateway.errors import Dialect, GatewayError
-from rl_backend.gateway.jsonfast import loads
+from rl_backend.gateway.jsonfast import deeper_than, loads
 
 
 def dialect_of(path: str) -> Dialect:
@@ -41,17 +41,6 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
 MAX_BODY_DEPTH = 128
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
-
-
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise GatewayError(400, "the request has no body: send a JSON object")
@@ -62,6 +51,6 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise GatewayError(400, f"the request body must be a JSON object, got a JSON {type(data).__name__}")
     # Counting brackets is C-fast; only a body with enough of them to be too deep is walked.
-    if raw.count(b"[") + raw.count(b"{") > MAX_BODY_DEPTH and _deeper_than(data, MAX_BODY_DEPTH):
+    if raw.count(b"[") + raw.count(b"{") > MAX_BODY_DEPTH and deeper_than(data, MAX_BODY_DEPTH):
         raise GatewayError(400, f"the request body is nested more than {MAX_BODY_DEPTH} levels deep")
     return data
