@@ -264,7 +264,13 @@ class EvalRunner:
             rollout.status, rollout.failure, rollout.reward = RolloutStatus.failed, FailureKind.infra, None
             rollout.reward_source, rollout.grader_detail = RewardSource.none, None
             rollout.error = redactor.text(f"agl could not finish this rollout: {type(exc).__name__}: {exc}"[:1000])
-        self.store.put_rollout(rollout)
+        try:
+            self.store.put_rollout(rollout)
+        except (ValueError, TypeError, RecursionError) as exc:  # a grader detail that cannot be stored as JSON
+            rollout.status, rollout.failure, rollout.reward = RolloutStatus.failed, FailureKind.grader_garbage, None
+            rollout.reward_source, rollout.grader_detail = RewardSource.none, None
+            rollout.error = f"the grader's detail cannot be stored as JSON ({type(exc).__name__}: {str(exc)[:200]})"
+            self.store.put_rollout(rollout)
         self.on_event("finished", rollout)
         return rollout
 

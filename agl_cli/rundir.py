@@ -103,6 +103,9 @@ class RunDir:
                 hint="wait for it to finish, or stop it" + (f" (kill {exc.pid})" if exc.pid else "")
                 + f" and run the command again; `agl report {self.run_id}` reads the run meanwhile",
             ) from None
+        except OSError as exc:
+            raise UsageError(f"cannot lock {self.path} for this run ({exc.strerror})",
+                             hint="agl writes into the run folder: check that it is yours and writable") from None
         try:
             yield
         finally:

@@ -48,6 +48,7 @@ def test_unusable_scores_fail_their_rollout_and_the_run_finishes(tmp_path: Path)
     (tmp_path / "mygrader.py").write_text(
         "def huge(task, output):\n    return 10 ** 400\n"
         "def infinite(task, output):\n    return {'score': float('inf')}\n"
+        "def unstorable(task, output):\n    return {'score': 1, 'seen': object()}\n"
     )
     tasks = [{"id": "ok", "answer": "1"}, {"id": "huge", "grader": "huge_int"}, {"id": "inf", "grader": "inf"},
              {"id": "range", "grader": "out_of_range"}, {"id": "deep", "grader": "deep"}]
@@ -73,9 +74,12 @@ def test_unusable_scores_fail_their_rollout_and_the_run_finishes(tmp_path: Path)
                grader={"command": None, "entry": "mygrader:huge"})
     doc, result = _eval(tmp_path, "--no-report")
     assert result.returncode == 1 and doc["variants"][0]["missing_reasons"] == {"grader_garbage": 2}, result.stderr
-    (tmp_path / "agl.yaml").write_text((tmp_path / "agl.yaml").read_text().replace("mygrader:huge", "mygrader:infinite"))
-    doc, result = _eval(tmp_path, "--no-report")
-    assert doc["variants"][0]["missing_reasons"] == {"grader_garbage": 2}, result.stderr
+    for entry in ("infinite", "unstorable"):
+        spec_text = (tmp_path / "agl.yaml").read_text()
+        (tmp_path / "agl.yaml").write_text(spec_text.replace("mygrader:huge", f"mygrader:{entry}")
+                                           .replace("mygrader:infinite", f"mygrader:{entry}"))
+        doc, result = _eval(tmp_path, "--no-report")
+        assert doc["variants"][0]["missing_reasons"] == {"grader_garbage": 2}, result.stderr
 
 
 def _crashing_eval(folder: Path) -> tuple[Path, Path]:

@@ -81,8 +81,12 @@ class LocalController:
             preexec_fn=procs.parent_death_signal(os.getpid()),
         )
         self.reaper.register(proc.pid, tag)
-        if job.on_spawn is not None:
-            job.on_spawn(procs.identify(proc.pid, command=job.command, tag=tag, rollout_id=job.rollout_id))
+        try:
+            if job.on_spawn is not None:
+                job.on_spawn(procs.identify(proc.pid, command=job.command, tag=tag, rollout_id=job.rollout_id))
+        except BaseException:
+            self._end_all(proc, tag)
+            raise
         out, err = _Tail(self.tail_bytes), _Tail(self.tail_bytes)
         readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
         timed_out = False
