@@ -20,20 +20,11 @@ from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import Rollout, RolloutStatus
 from rl_backend.store.runlock import RunLock, lock_holder
 from tests.conftest import FIXTURES, agl_env, run_agl, write_spec
+from tests.conftest import process_alive as _alive
 
 AGENT = f"python {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"python {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read Linux's /proc")
-
-
-def _alive(pid: int) -> bool:
-    """A running process; a killed one nobody reaped yet (a zombie) counts as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "\nState:\tZ" not in status.read_text()
 
 
 def _wait_for(predicate: object, timeout_s: float, what: str) -> None:

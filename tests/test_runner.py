@@ -4,7 +4,6 @@ silent 0; timeouts kill the whole process group; a run killed with -9 resumes wi
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -16,16 +15,7 @@ import pytest
 
 from rl_backend.store.db import RunStore
 from tests.conftest import FIXTURES, agl_env, run_agl, write_spec
-
-
-def _alive(pid: int) -> bool:
-    """True for a running process; a killed one that nobody reaped yet (a zombie) counts as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "\nState:\tZ" not in status.read_text()
+from tests.conftest import process_alive as _alive
 
 
 def _eval_json(folder: Path, *args: str) -> dict:
