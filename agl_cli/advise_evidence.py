@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_cli.errors import UsageError
-from agl_cli.rundir import CONFIG, MANIFEST, STORE, find_run, runs_root
+from agl_cli.rundir import CONFIG, MANIFEST, STORE, find_run, read_manifest, runs_root
 
 JOURNAL = "journal.jsonl"
 STUDY_RESULT_META = "study.result"  # written by agl_cli.optimize.engine
@@ -187,9 +187,8 @@ def gather(target: str, runs_dir: Path | None) -> Evidence:
     evidence = Evidence(spec_path=spec_path, focus_run=focus)
     root = runs_root(runs_dir)
     for folder in sorted(root.glob("*")) if root.is_dir() else []:
-        try:
-            manifest = json.loads((folder / MANIFEST).read_text())
-        except (OSError, json.JSONDecodeError):
+        manifest = read_manifest(folder)
+        if manifest is None:
             continue
         spec = manifest.get("spec_path")
         if not spec or Path(spec).resolve() != spec_path or not (folder / STORE).is_file():

@@ -26,9 +26,11 @@ from agl_cli.spec import ExperimentSpec
 from agl_cli.stack import Stack
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant
-from rl_backend.rollout.base import RolloutController, RolloutJob
+from rl_backend.rollout import procs
+from rl_backend.rollout.base import ProcessResult, RolloutController, RolloutJob
 from rl_backend.store.db import RunStore
-from rl_backend.store.records import FailureKind, Rollout, RolloutStatus
+from rl_backend.store.records import FailureKind, RewardSource, Rollout, RolloutStatus
+from rl_backend.store.redact import Redactor
 
 OUTPUT_KEEP_BYTES = 64 * 1024
 SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
@@ -73,6 +75,7 @@ class EvalRunner:
         *,
         on_event: Callable[[str, Rollout], None] | None = None,
         gateway_overrides: dict[str, Any] | None = None,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.spec = spec
         self.run_dir = run
@@ -82,12 +85,18 @@ class EvalRunner:
         self.on_event = on_event or (lambda kind, rollout: None)
         # Request settings forced on every call of these rollouts, over the variant's (training samples at T=1).
         self.gateway_overrides = dict(gateway_overrides or {})
+        self.log = log or (lambda message: None)
         self.base_env = self._base_env()
         self.grader = Grader(spec, store, self.base_env)
         self.stopped_for_budget = False
+        # The values of the key variables: whatever an agent or upstream echoes of them is not written anywhere.
+        self.redactor = Redactor(os.environ.get(name) for name in self._secret_names())
+
+    def _secret_names(self) -> set[str]:
+        return set(SECRET_ENV) | {u.api_key_env for u in self.spec.upstreams.values() if u.api_key_env}
 
     def _base_env(self) -> dict[str, str]:
-        secret = set(SECRET_ENV) | {u.api_key_env for u in self.spec.upstreams.values() if u.api_key_env}
+        secret = self._secret_names()
         env = {k: v for k, v in os.environ.items() if k not in secret or not self.stack.gateway}
         # The agent finds the Python agl runs on first, so `python agent.py` works without activating a venv.
         bin_dir = str(Path(sys.executable).parent)
@@ -99,9 +108,22 @@ class EvalRunner:
 
     # -- planning and resume -------------------------------------------------------------------------------------
 
+    def recover(self) -> None:
+        """Before anything runs: end what an agl killed mid-run left of its agents (their process groups, and any
+        descendant that moved to a group or session of its own), then mark its unfinished attempts interrupted."""
+        for process in self.store.agent_processes():
+            if procs.owner_alive(process):
+                continue  # this process's own rollout, or another live agl's (the run lock keeps those out)
+            ended = procs.end_leftover(process)
+            if ended:
+                self.log(f"ended {ended} process(es) of rollout {process.rollout_id} that an earlier, killed agl left "
+                         f"running ({process.command[:120]})")
+            self.store.forget_process(process.rollout_id)
+        self.store.mark_interrupted()
+
     def pending(self, plan: list[PlannedRollout]) -> list[tuple[PlannedRollout, int]]:
         """The planned keys still to run, each with the attempt number it gets."""
-        self.store.mark_interrupted()
+        self.recover()
         latest = {r.key: r for r in self.store.rollouts(latest_only=True)}
         todo = []
         for item in plan:
@@ -207,6 +229,7 @@ class EvalRunner:
             "AGL_ROLLOUT_DIR": str(folder), "AGL_SEED": str(item.seed), "AGL_VARIANT": item.variant.name,
         })
         gateway = self.stack.gateway
+        token: str | None = None
         if gateway is not None and self.stack.gateway_url:
             token = gateway.register_rollout(rid, gateway_knobs)
             base = f"{self.stack.gateway_url}/rollouts/{rid}"
@@ -219,7 +242,7 @@ class EvalRunner:
         job = RolloutJob(
             rollout_id=rid, command=self._agent_command(task_file, output_file, folder, rid), env=env,
             cwd=self.spec.base_dir, rollout_dir=folder, timeout_s=self.spec.agent.timeout_s,
-            labels={"variant": item.variant.name, "task": item.task.id},
+            labels={"variant": item.variant.name, "task": item.task.id}, on_spawn=self.store.record_process,
         )
         try:
             result = await self.controller.run(job)
@@ -229,13 +252,37 @@ class EvalRunner:
             self.store.put_rollout(rollout)
             raise
         finally:
+            self.store.forget_process(rid)
             if gateway is not None:
                 gateway.unregister_rollout(rid)
                 self.stack.collect_rollout(rid, self.store)  # a remote gateway's records, before grading reads them
+        redactor = self.redactor.with_secret(token)
+        try:
+            await self._conclude(rollout, item, result, task_file, output_file, redactor)
+        except Exception as exc:  # noqa: BLE001 - one rollout's trouble must not end the run that holds the others
+            rollout.status, rollout.failure, rollout.reward = RolloutStatus.failed, FailureKind.infra, None
+            rollout.reward_source, rollout.grader_detail = RewardSource.none, None
+            rollout.error = redactor.text(f"agl could not finish this rollout: {type(exc).__name__}: {exc}"[:1000])
+        try:
+            self.store.put_rollout(rollout)
+        except (ValueError, TypeError, RecursionError) as exc:  # a grader detail that cannot be stored as JSON
+            rollout.status, rollout.failure, rollout.reward = RolloutStatus.failed, FailureKind.grader_garbage, None
+            rollout.reward_source, rollout.grader_detail = RewardSource.none, None
+            rollout.error = f"the grader's detail cannot be stored as JSON ({type(exc).__name__}: {str(exc)[:200]})"
+            self.store.put_rollout(rollout)
+        self.on_event("finished", rollout)
+        return rollout
+
+    async def _conclude(self, rollout: Rollout, item: PlannedRollout, result: ProcessResult, task_file: Path,
+                        output_file: Path, redactor: Redactor) -> None:
+        """The rollout's outcome from what its agent left: status, reward or the reason there is none."""
+        gateway = self.stack.gateway
+        rid = rollout.id
         rollout.exit_code, rollout.ended_at = result.exit_code, time.time()
-        rollout.stdout_tail, rollout.stderr_tail = result.stdout_tail, result.stderr_tail
+        rollout.stdout_tail, rollout.stderr_tail = redactor.text(result.stdout_tail), redactor.text(result.stderr_tail)
         if output_file.is_file():
-            rollout.output = output_file.read_bytes()[:OUTPUT_KEEP_BYTES].decode("utf-8", errors="replace")
+            redactor.file(output_file)
+            rollout.output = read_head(output_file, OUTPUT_KEEP_BYTES)
         limit = gateway.spend_limit if gateway is not None else None
         if limit is not None and limit.was_refused(rid):
             # Whatever the agent made of a refused call is not its answer: no grade, and (not terminal) a resume
@@ -251,9 +298,14 @@ class EvalRunner:
             rollout.error = f"the agent exited with code {result.exit_code}: {_last_line(result.stderr_tail)}"
         else:
             grade = await self.grader.grade(rid, item.task.data, task_file, output_file)
-            rollout.reward, rollout.reward_source, rollout.grader_detail = grade.reward, grade.source, grade.detail
+            rollout.reward, rollout.reward_source = grade.reward, grade.source
+            rollout.grader_detail = redactor.value(grade.detail)
             rollout.failure, rollout.error = grade.failure, grade.error
             rollout.status = RolloutStatus.succeeded if grade.reward is not None else RolloutStatus.failed
-        self.store.put_rollout(rollout)
-        self.on_event("finished", rollout)
-        return rollout
+        rollout.error = redactor.text(rollout.error)
+
+
+def read_head(path: Path, limit: int) -> str:
+    """The first `limit` bytes of a file as text: an output of hundreds of MB is never read whole."""
+    with path.open("rb") as fh:
+        return fh.read(limit).decode("utf-8", errors="replace")

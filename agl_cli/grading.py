@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import math
 import shlex
 import sys
 from collections.abc import Callable
@@ -18,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from agl_cli.spec import ExperimentSpec
+from rl_backend.gateway.jsonfast import deeper_than
 from rl_backend.rollout.base import RolloutJob
 from rl_backend.rollout.local import LocalController
 from rl_backend.store.db import RunStore
-from rl_backend.store.records import FailureKind, RewardSource
+from rl_backend.store.records import FailureKind, RewardSource, check_reward
+
+MAX_DETAIL_DEPTH = 64  # a grader's JSON detail is stored and shown: it must stay writable and readable
 
 
 @dataclass
@@ -44,6 +46,8 @@ def parse_score(text: str) -> tuple[float, dict[str, Any] | None]:
             value = json.loads(candidate)
         except json.JSONDecodeError:
             continue
+        except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; JSON nested past Python's stack
+            raise ValueError(f"the grader's output is unusable: {_clip(str(exc) or type(exc).__name__)}") from None
         return _score_from(value)
     raise ValueError(f"the grader printed {_clip(last_line)!r}, which is neither a number nor a JSON object")
 
@@ -51,16 +55,17 @@ def parse_score(text: str) -> tuple[float, dict[str, Any] | None]:
 def _score_from(value: Any) -> tuple[float, dict[str, Any] | None]:
     detail: dict[str, Any] | None = None
     if isinstance(value, dict):
+        if deeper_than(value, MAX_DETAIL_DEPTH):
+            raise ValueError(f"the grader's JSON is nested more than {MAX_DETAIL_DEPTH} levels deep")
         detail = value
         key = "score" if "score" in value else "reward" if "reward" in value else None
         if key is None:
-            raise ValueError(f"the grader's JSON has no `score` or `reward` field (keys: {', '.join(value)})")
+            raise ValueError(f"the grader's JSON has no `score` or `reward` field (keys: {_clip(', '.join(map(str, value)))})")
         value = value[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"the grader's score is {_clip(repr(value))}, not a number")
-    score = float(value)
-    if not math.isfinite(score):
-        raise ValueError(f"the grader's score is {score}, not a finite number")
+    try:
+        score = check_reward(value)
+    except ValueError as exc:
+        raise ValueError(f"the grader's output is unusable: {exc}") from None
     return score, detail
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import yaml
 
 from agl_cli.errors import UsageError
 from rl_backend.store.db import RunStore
+from rl_backend.store.runlock import RunLock, RunLockedError
 
 MANIFEST = "manifest.json"
 STORE = "store.sqlite"
@@ -59,11 +63,53 @@ class RunDir:
         return RunStore(self.store_path)
 
     def manifest(self) -> dict[str, Any]:
+        path = self.path / MANIFEST
         try:
-            manifest: dict[str, Any] = json.loads((self.path / MANIFEST).read_text())
-            return manifest
+            manifest = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise UsageError(f"{self.path} has no {MANIFEST}: it is not a complete agl run") from None
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past Python's stack
+            raise UsageError(
+                f"{path} is damaged ({type(exc).__name__}: {str(exc)[:200]})",
+                hint="restore it from a copy; the run's results are in store.sqlite next to it",
+            ) from None
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read it ({exc.strerror})") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("kind"), str):
+            raise UsageError(
+                f"{path} is damaged: it is not an agl run manifest (a JSON object with `kind`)",
+                hint="restore it from a copy; the run's results are in store.sqlite next to it",
+            )
+        return manifest
+
+    def require(self, manifest: dict[str, Any], *keys: str) -> None:
+        """A manifest that lacks what resuming needs is damaged: say so, instead of failing on a missing key."""
+        missing = [key for key in keys if key not in manifest]
+        if missing:
+            raise UsageError(
+                f"{self.path / MANIFEST} is damaged: it lacks {', '.join(missing)}",
+                hint="restore it from a copy, or start a new run (finished results stay in this run's store)",
+            )
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Hold the run for the block: a second agl process on the same run is refused (exit 2) with the holder's pid."""
+        try:
+            lock = RunLock(self.path).acquire(command="agl " + shlex.join(sys.argv[1:]))
+        except RunLockedError as exc:
+            who = f"process {exc.pid}" if exc.pid else "another agl process"
+            raise UsageError(
+                f"run {self.run_id} is in use by {who}" + (f" ({exc.command})" if exc.command else ""),
+                hint="wait for it to finish, or stop it" + (f" (kill {exc.pid})" if exc.pid else "")
+                + f" and run the command again; `agl report {self.run_id}` reads the run meanwhile",
+            ) from None
+        except OSError as exc:
+            raise UsageError(f"cannot lock {self.path} for this run ({exc.strerror})",
+                             hint="agl writes into the run folder: check that it is yours and writable") from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         tmp = self.path / (MANIFEST + ".tmp")
@@ -86,6 +132,14 @@ class RunDir:
             {"run_id": run_id, "created_at": time.time(), "command_line": sys.argv, **manifest}
         )
         return run
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """A run folder's manifest, or None when it has none or it is damaged: scans over every run skip those."""
+    try:
+        return RunDir(folder).manifest()
+    except UsageError:
+        return None
 
 
 def find_run(reference: str, runs_dir: Path | None = None) -> RunDir:

@@ -25,7 +25,16 @@ REFERENCE = "docs/agl-yaml.md"  # every key of agl.yaml, generated from these mo
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # `.inf` and `.nan` are YAML floats; no setting of agl's means anything with them.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class _FieldError(ValueError):
+    """A cross-field check's error that knows which field it is about, so the message can name its line."""
+
+    def __init__(self, message: str, location: tuple[str | int, ...]) -> None:
+        super().__init__(message)
+        self.location = location
 
 
 def _placeholders(template: str) -> set[str]:
@@ -253,19 +262,21 @@ class ExperimentSpec(_Strict):
             raise ValueError("`runner: kubernetes` needs a `kubernetes:` section, at least `image:`")
         for name, knob in self.knobs.items():
             if knob.via == "gateway" and name not in GATEWAY_KNOBS:
-                raise ValueError(
+                raise _FieldError(
                     f"knob {name!r} is `via: gateway`, but the gateway can only set "
                     + ", ".join(sorted(GATEWAY_KNOBS))
-                    + "; use `via: env` or `via: file` for anything else"
+                    + "; use `via: env` or `via: file` for anything else",
+                    ("knobs", name, "via"),
                 )
             if knob.via == "gateway" and name == "system_prompt" and knob.files is None:
-                raise ValueError("knob 'system_prompt' takes `files:` (one prompt file per option)")
+                raise _FieldError("knob 'system_prompt' takes `files:` (one prompt file per option)", ("knobs", name))
         if self.model is not None and "/" in self.model and self.upstreams:
             upstream = self.model.split("/", 1)[0]
             if upstream not in self.upstreams:
-                raise ValueError(
+                raise _FieldError(
                     f"`model: {self.model}` names upstream {upstream!r}, which is not in `upstreams` "
-                    f"({', '.join(self.upstreams)})"
+                    f"({', '.join(self.upstreams)})",
+                    ("model",),
                 )
         return self
 
@@ -300,7 +311,9 @@ def _describe_input(value: Any) -> str:
 
 
 def _format_error(doc: YamlDocument, error: dict[str, Any]) -> str:
-    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-union"))))
+    located = (error.get("ctx") or {}).get("error")
+    loc = located.location if isinstance(located, _FieldError) else error["loc"]
+    loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith(("function-", "tagged-union"))))
     # pydantic adds the union member's class name to the location; it means nothing to the user.
     loc = tuple(p for p in loc if p not in {"SplitByField", "SplitByFractions"})
     line = doc.line_of(loc)

@@ -10,6 +10,7 @@ from typing import Any
 
 from agl_cli.errors import ConfigError
 from agl_cli.spec import ExperimentSpec, SplitByField, SplitByFractions
+from rl_backend.gateway.jsonfast import deeper_than
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ def _split_by_fractions(ids: list[str], split: SplitByFractions) -> dict[str, st
     return assignment
 
 
+MAX_TASK_DEPTH = 200  # far deeper than any task; shallow enough that every JSON encoder agl uses on it succeeds
+
+
 def load_tasks(spec: ExperimentSpec) -> list[Task]:
     path = spec.resolve(spec.tasks.path)
     tasks: list[Task] = []
@@ -53,9 +57,20 @@ def load_tasks(spec: ExperimentSpec) -> list[Task]:
                 f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})",
                 hint="each line of a task file is one JSON object",
             ) from None
+        except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; nesting past Python's stack
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise ConfigError(f"{path}:{number}: cannot be read ({reason})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}:{number}: expected a JSON object, found {type(data).__name__}")
+        if deeper_than(data, MAX_TASK_DEPTH):
+            raise ConfigError(f"{path}:{number}: the task is nested more than {MAX_TASK_DEPTH} levels deep")
         raw_id = data.get(spec.tasks.id_field, number)
+        if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or (isinstance(raw_id, str) and not raw_id):
+            raise ConfigError(
+                f"{path}:{number}: the task id (field {spec.tasks.id_field!r}) must be a non-empty string or an "
+                f"integer, found {json.dumps(raw_id)[:80]}",
+                hint="give every task a short id such as \"t17\"; leave the field out to use the line number",
+            )
         task_id = str(raw_id)
         if task_id in seen:
             raise ConfigError(f"{path}:{number}: task id {task_id!r} already used on line {seen[task_id]}")

@@ -119,7 +119,7 @@ class AsyncRollouts:
 
     async def _produce(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self.runner.store.mark_interrupted()  # attempts a killed process left running
+        self.runner.recover()  # processes and attempts a killed agl left running
         self._started.set()
         workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
         try:

@@ -40,6 +40,16 @@ def run_agl(args: list[str], cwd: Path, *, env: dict[str, str] | None = None, ti
     return result
 
 
+def process_alive(pid: int) -> bool:
+    """True for a running process; a killed one that nobody reaped yet (a zombie) counts as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "\nState:\tZ" not in status.read_text()
+
+
 def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return path

@@ -138,8 +138,9 @@ def test_tokens_are_per_rollout(h: Harness) -> None:
     with pytest.raises(openai.AuthenticationError) as err:
         wrong.chat.completions.create(model="x", messages=MSGS)
     assert "not valid for rollout 'B'" in str(err.value)
+    # Another rollout's token says nothing about whether an id is registered.
     unknown = openai.OpenAI(base_url=h.openai_url("nope"), api_key=token_a, max_retries=0)
-    with pytest.raises(openai.NotFoundError, match="not registered"):
+    with pytest.raises(openai.AuthenticationError, match="not valid for rollout 'nope'"):
         unknown.chat.completions.create(model="x", messages=MSGS)
     r = httpx.post(h.openai_url("A") + "/chat/completions", json={"model": "x", "messages": MSGS})
     assert r.status_code == 401 and "no API key" in r.json()["error"]["message"]
@@ -152,7 +153,7 @@ def test_tokens_are_per_rollout(h: Harness) -> None:
     r = httpx.post(
         h.openai_url("A") + "/chat/completions", json={"model": "x", "messages": MSGS}, headers={"x-api-key": token_a}
     )
-    assert r.status_code == 404
+    assert r.status_code == 401 and "valid while the rollout runs" in r.json()["error"]["message"]
     assert len(h.fake.requests) == 1 and len(h.calls()) == 1
 
 

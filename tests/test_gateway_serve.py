@@ -65,7 +65,7 @@ def test_serve_registers_rollouts_over_http_and_records_sdk_calls(fake: Proc, tm
 
         gone = httpx.delete(f"{gw.url}/admin/rollouts/r1", headers=admin)
         assert gone.status_code == 200
-        with pytest.raises(openai.NotFoundError, match="not registered"):
+        with pytest.raises(openai.AuthenticationError, match="valid while the rollout runs"):
             client.chat.completions.create(model="x", messages=MSGS)
         assert httpx.delete(f"{gw.url}/admin/rollouts/r1", headers=admin).status_code == 404
         state = httpx.get(f"{gw.url}/admin/state", headers=admin).json()

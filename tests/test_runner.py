@@ -4,7 +4,6 @@ silent 0; timeouts kill the whole process group; a run killed with -9 resumes wi
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -16,16 +15,7 @@ import pytest
 
 from rl_backend.store.db import RunStore
 from tests.conftest import FIXTURES, agl_env, run_agl, write_spec
-
-
-def _alive(pid: int) -> bool:
-    """True for a running process; a killed one that nobody reaped yet (a zombie) counts as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "\nState:\tZ" not in status.read_text()
+from tests.conftest import process_alive as _alive
 
 
 def _eval_json(folder: Path, *args: str) -> dict:
@@ -147,9 +137,10 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
     assert db is not None, "the run never got going"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    time.sleep(1.0)  # orphaned agents of the killed run finish their sleep
+    # The killed run's agents die with it (their parent-death signal): none finishes after the kill.
+    time.sleep(1.0)
     finished_before = {r.task_id for r in RunStore(db).rollouts() if r.status.terminal}
-    starts_before = {p.name.split(".")[0] for p in markers.iterdir()}
+    in_flight_before = {r.task_id for r in RunStore(db).rollouts() if not r.status.terminal}
     run_id = db.parent.name
     result = run_agl(["eval", "--resume", run_id, "--json"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -167,7 +158,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path: Path) -> None:
         assert starts[task_id] == 1, f"{task_id} finished before the kill but ran again"
     for r in store.rollouts():
         if r.attempt > 1:  # only tasks that were in flight at the kill got a second attempt
-            assert r.task_id in starts_before and r.task_id not in finished_before
+            assert r.task_id in in_flight_before and r.task_id not in finished_before
     again = run_agl(["eval", "--resume", run_id, "--json"], cwd=tmp_path)
     assert again.returncode == 0 and len(list(markers.iterdir())) == sum(starts.values())  # nothing left to run
 

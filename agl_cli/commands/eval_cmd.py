@@ -23,6 +23,7 @@ def _prepare_new(
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
     from agl_cli.optimize.cache import agent_version
+    from agl_cli.preflight import check_commands
     from agl_cli.prices import check_budget_prices
     from agl_cli.rundir import RunDir, git_sha, runs_root
     from agl_cli.spec import load_spec
@@ -33,6 +34,7 @@ def _prepare_new(
         raise UsageError(f"--limit must be at least 1, got {limit}")
     spec = load_spec(config)
     check_budget_prices(spec, spec.budget.usd)  # before the run exists: nothing to clean up
+    check_commands(spec, spec_path=config / "agl.yaml" if config.is_dir() else config)
     tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
     variants = [parse_variant(spec, name) for name in variant_names] or [baseline(spec)]
     unique = {v.name: v for v in variants}
@@ -69,6 +71,7 @@ def _prepare_resume(
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
     from agl_cli.spec import load_spec
     from agl_cli.tasks import load_tasks
@@ -82,7 +85,9 @@ def _prepare_resume(
             hint=f"resume it with: agl {'optimize' if manifest.get('kind') == 'study' else manifest.get('kind')} "
             f"--resume {run.run_id}",
         )
+    run.require(manifest, "spec_path", "task_ids", "variants", "seeds")
     spec = load_spec(Path(manifest["spec_path"]))
+    check_commands(spec, spec_path=Path(manifest["spec_path"]))
     by_id = {t.id: t for t in load_tasks(spec)}
     missing = [tid for tid in manifest["task_ids"] if tid not in by_id]
     if missing:
@@ -109,7 +114,7 @@ def _version() -> str:
 
 def execute_eval(
     spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
-    use_cache: bool = True,
+    use_cache: bool = True, reuse_failures: bool = False,
 ) -> dict[str, Any]:
     import asyncio
     import sys
@@ -132,7 +137,8 @@ def execute_eval(
     if use_cache and manifest.get("agent_version"):
         from agl_cli.optimize.cache import ResultCache
 
-        reused = ResultCache(run.path.parent, manifest["agent_version"], exclude=run.path).import_into(store, plan)
+        reused = ResultCache(run.path.parent, manifest["agent_version"], exclude=run.path,
+                             reuse_failures=reuse_failures).import_into(store, plan)
         if reused:
             console.print(
                 f"reused {reused} finished rollouts of earlier runs with the same agent, variant, task and seed "
@@ -148,7 +154,7 @@ def execute_eval(
                                  hint="raise budget.usd in agl.yaml and resume the run")
     with running_stack(spec, store, log=console.print, spend_limit=spend_limit) as stack:
         controller = make_controller(spec, run.run_id)
-        runner = EvalRunner(spec, run, store, stack, controller)
+        runner = EvalRunner(spec, run, store, stack, controller, log=console.print)
         todo = runner.pending(plan)
         reused_rollouts = reused_among(store, [item.key for item in plan], skip={item.key for item, _ in todo})
         done_before = len(plan) - len(todo) - len(reused_rollouts)
@@ -230,6 +236,9 @@ def eval_command(
     ] = False,
     report: Annotated[bool, typer.Option(help="Write the Markdown and HTML report into the run folder.")] = True,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every rollout, even ones done before.")] = False,
+    reuse_failures: Annotated[bool, typer.Option(
+        "--reuse-failures", help="Also reuse earlier rollouts that ended without a reward by the agent's own doing "
+        "(crash, timeout, no output); by default only scored rollouts are reused.")] = False,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
@@ -256,11 +265,13 @@ def eval_command(
         if concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
         spec.concurrency = concurrency
-    result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache)
-    summaries = result.pop("_summaries")
-    spend = result.pop("_spend")
-    if report:
-        result["report"] = _write_report(run)
+    with run.hold():  # one process at a time runs this run; a second one is refused with this one's pid
+        result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache,
+                              reuse_failures=reuse_failures)
+        summaries = result.pop("_summaries")
+        spend = result.pop("_spend")
+        if report:
+            result["report"] = _write_report(run)
     gate: tuple[bool, str] | None = None
     if baseline_run is not None:
         from agl_cli.report import regression_verdict

@@ -332,6 +332,7 @@ def export_command(
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live.")] = None,  # noqa: UP045
 ) -> None:
     """Export the recorded model calls of a run (or of a gateway's store)."""
+    import contextlib
     import json
     import sys
 
@@ -345,6 +346,11 @@ def export_command(
     if endpoint is not None and not export.otlp_exporter_available():
         raise UsageError("sending to an OTLP endpoint needs the OpenTelemetry exporter",
                          hint="pip install 'agl[otel]' (or opentelemetry-exporter-otlp-proto-http), or write a file with --out")
+    if out is not None and not out.parent.is_dir():
+        raise UsageError(f"--out {out}: the folder {out.parent} does not exist",
+                         hint=f"create it first (mkdir -p {out.parent}), or write elsewhere")
+    if out is not None and out.is_dir():
+        raise UsageError(f"--out {out} is a folder: give the file to write, e.g. --out {out / 'calls.jsonl'}")
     store = RunStore(open_store_of(run_or_store, runs_dir))
     try:
         records = store.calls(rollout)
@@ -369,9 +375,14 @@ def export_command(
         sys.stdout.flush()
     else:
         tmp = out.with_name(out.name + ".tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
-            fh.writelines(lines)
-        tmp.replace(out)
+        try:
+            with tmp.open("w", encoding="utf-8") as fh:
+                fh.writelines(lines)
+            tmp.replace(out)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise UsageError(f"--out {out}: cannot write it ({exc.strerror})") from None
     console.print(f"exported {len(records)} calls" + (f" to {out}" if out else ""))
 
 

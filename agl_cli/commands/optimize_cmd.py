@@ -132,6 +132,7 @@ def optimize_command(
     limit: Annotated[Optional[int], typer.Option(help="Search on a seeded sample of N tasks of the search split.")] = None,  # noqa: UP045,E501
     confirm_limit: Annotated[Optional[int], typer.Option(help="Confirm on a seeded sample of N held-out tasks.")] = None,  # noqa: UP045,E501
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not reuse rollouts of earlier runs.")] = False,
+    reuse_failures: Annotated[bool, typer.Option("--reuse-failures", help="Also reuse earlier rollouts that ended without a reward by the agent's own doing (crash, timeout, no output); by default only scored rollouts are reused.")] = False,  # noqa: E501
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Project rollouts, tokens, cost and time; run nothing big.")] = False,  # noqa: E501
     pilot: Annotated[int, typer.Option(help="--dry-run without history: pilot this many baseline tasks (0: none).")] = 3,
     resume: Annotated[Optional[str], typer.Option(help="Continue this study (budget flags may be raised).")] = None,  # noqa: UP045
@@ -157,7 +158,8 @@ def optimize_command(
     if resume is not None:
         chosen = [config, strategy, variant, candidate, sample, max_cost_per_task, max_p95_latency, seeds, first_batch,
                   limit, confirm_limit]
-        if any(x for x in chosen) or grid or dry_run or search_split != "val" or confirm_split != "test":
+        if (any(x for x in chosen) or grid or dry_run or reuse_failures or search_split != "val"
+                or confirm_split != "test"):
             raise UsageError("--resume STUDY takes no spec or search options, only --budget-usd and --max-rollouts: "
                              "the study has the rest")
         study = reopen(resume, runs_dir)
@@ -174,7 +176,7 @@ def optimize_command(
             sample_seed=sample_seed, budget_usd=budget_usd, max_rollouts=max_rollouts,
             max_cost_per_task=max_cost_per_task, max_p95_latency=max_p95_latency, seeds=seeds,
             search_split=search_split, confirm_split=confirm_split, first_batch=first_batch, no_cache=no_cache,
-            limit=limit, confirm_limit=confirm_limit,
+            limit=limit, confirm_limit=confirm_limit, reuse_failures=reuse_failures,
         )
         study = prepare(config, options, list(candidate or []), Path.cwd())
         use_cache = not no_cache
@@ -188,21 +190,22 @@ def optimize_command(
                 _print_projection(stdout_console(), doc)
             return
         create(study, runs_dir)
+    from agl_cli.commands.eval_cmd import _write_report
     from agl_cli.optimize.engine import execute_study
 
-    if resume is not None:
-        manifest = study.run.manifest()
-        console.print(f"resuming study {study.run.run_id} (status {manifest.get('status')}): finished rollouts are "
-                      "kept, decisions are replayed from the store")
-    report = execute_study(study, quiet=quiet, use_cache=use_cache)
+    with study.run.hold():  # one process at a time runs this study; a second one is refused with this one's pid
+        if resume is not None:
+            manifest = study.run.manifest()
+            console.print(f"resuming study {study.run.run_id} (status {manifest.get('status')}): finished rollouts "
+                          "are kept, decisions are replayed from the store")
+        report = execute_study(study, quiet=quiet, use_cache=use_cache)
+        if report["status"] != "interrupted":
+            report["report"] = _write_report(study.run)
     if report["status"] == "interrupted":
         console.print(f"interrupted; nothing finished is lost. Resume with: agl optimize --resume {study.run.run_id}")
         if json_output:
             print_json(report)
         raise typer.Exit(130)
-    from agl_cli.commands.eval_cmd import _write_report
-
-    report["report"] = _write_report(study.run)
     if json_output:
         print_json(report)
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,24 +16,22 @@ def runs_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """List runs: id, kind, status, spec."""
-    import json
 
     from rich.table import Table
     from rich.text import Text
 
     from agl_cli.console import print_json, print_table, stdout_console
-    from agl_cli.rundir import MANIFEST, runs_root
+    from agl_cli.rundir import MANIFEST, read_manifest, runs_root
 
     root = runs_root(runs_dir)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for path in sorted(root.glob("*")) if root.is_dir() else []:
-        manifest_file = path / MANIFEST
-        if manifest_file.is_file():
-            manifest = json.loads(manifest_file.read_text())
+        if (path / MANIFEST).is_file():
+            manifest: dict[str, Any] = read_manifest(path) or {"status": "damaged manifest"}
             rows.append({
                 "run_id": path.name, "kind": manifest.get("kind"), "status": manifest.get("status"),
                 "spec": manifest.get("spec_path"), "split": manifest.get("split"),
-                "variants": [v["name"] for v in manifest.get("variants", [])],
+                "variants": [str(v.get("name")) for v in manifest.get("variants", []) if isinstance(v, dict)],
             })
     if json_output:
         print_json({"runs_dir": str(root), "runs": rows})

@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tuple[Any, RunDir]:
     from agl_cli.optimize.cache import agent_version
+    from agl_cli.preflight import check_commands
     from agl_cli.rundir import RunDir, git_sha, runs_root
     from agl_cli.spec import load_spec
 
     spec = load_spec(config)
     spec_path = config / "agl.yaml" if config.is_dir() else config
+    check_commands(spec, spec_path=spec_path)
     run = RunDir.create(
         runs_root(runs_dir),
         spec_data=spec.model_dump(mode="json", exclude_none=True),
@@ -35,6 +37,7 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
 
 def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOptions]:
     from agl_cli.errors import UsageError
+    from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
     from agl_cli.spec import load_spec
     from agl_cli.training import TrainOptions
@@ -43,7 +46,10 @@ def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOp
     manifest = run.manifest()
     if manifest.get("kind") != "train":
         raise UsageError(f"run {run.run_id} is a {manifest.get('kind')} run, not a training run")
-    return load_spec(Path(manifest["spec_path"])), run, TrainOptions(**manifest["options"])
+    run.require(manifest, "spec_path", "options")
+    spec = load_spec(Path(manifest["spec_path"]))
+    check_commands(spec, spec_path=Path(manifest["spec_path"]))
+    return spec, run, TrainOptions(**manifest["options"])
 
 
 def _before_after(run: RunDir, after_name: str) -> dict[str, Any] | None:
@@ -151,52 +157,53 @@ def train_command(
         if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
             raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
         spec, run = _new_run(config, options, runs_dir)
-    tasks = load_tasks(spec)
-    train_tasks = select_tasks(tasks, split=options.train_split, limit=None)
-    heldout = select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit)
-    console.print(f"training run {run.run_id}: {options.steps} updates × {options.tasks_per_step} tasks × "
-                  f"{options.group_size} rollouts; held-out {len(heldout)} {options.heldout_split} tasks")
+    with run.hold():  # one process at a time trains this run; a second one is refused with this one's pid
+        tasks = load_tasks(spec)
+        train_tasks = select_tasks(tasks, split=options.train_split, limit=None)
+        heldout = select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit)
+        console.print(f"training run {run.run_id}: {options.steps} updates × {options.tasks_per_step} tasks × "
+                      f"{options.group_size} rollouts; held-out {len(heldout)} {options.heldout_split} tasks")
 
-    tracking = _open_trackers(options.track, run)
+        tracking = _open_trackers(options.track, run)
 
-    def on_step(record: Any) -> None:
-        tracking.log(record)
-        reward = "—" if record.reward_mean is None else f"{record.reward_mean:.2f}"
-        console.print(f"step {record.step}: reward {reward}, trained {record.trained_rollouts}/{record.rollouts} "
-                      f"rollouts, loss {record.loss if record.loss is not None else '—'}, "
-                      f"entropy {record.entropy if record.entropy is not None else '—'}"
-                      + (f", staleness max {record.staleness_max}, {record.metrics.get('stale', 0)} stale dropped"
-                         if record.metrics.get("loop") == "collocated-async" else "")
-                      + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
-        groups = record.metrics.get("advantages", {})
-        if groups.get("groups") and groups.get("zero_signal_groups") == groups["groups"]:
-            # GRPO learns only from differences inside a group: this step moved nothing.
-            console.print(f"  no learning signal: in each of the {groups['groups']} groups every rollout scored the "
-                          "same; a lower --temperature, a larger --group-size or easier training tasks give GRPO "
-                          "something to compare", markup=False)
+        def on_step(record: Any) -> None:
+            tracking.log(record)
+            reward = "—" if record.reward_mean is None else f"{record.reward_mean:.2f}"
+            console.print(f"step {record.step}: reward {reward}, trained {record.trained_rollouts}/{record.rollouts} "
+                          f"rollouts, loss {record.loss if record.loss is not None else '—'}, "
+                          f"entropy {record.entropy if record.entropy is not None else '—'}"
+                          + (f", staleness max {record.staleness_max}, {record.metrics.get('stale', 0)} stale dropped"
+                             if record.metrics.get("loop") == "collocated-async" else "")
+                          + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
+            groups = record.metrics.get("advantages", {})
+            if groups.get("groups") and groups.get("zero_signal_groups") == groups["groups"]:
+                # GRPO learns only from differences inside a group: this step moved nothing.
+                console.print(f"  no learning signal: in each of the {groups['groups']} groups every rollout scored the "
+                              "same; a lower --temperature, a larger --group-size or easier training tasks give GRPO "
+                              "something to compare", markup=False)
 
-    trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
-    try:
-        outcome = trainer.run(on_step)
-    except KeyboardInterrupt:
-        console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
-        raise typer.Exit(130) from None
-    finally:
-        tracking.close()
-    comparison = _before_after(run, outcome["after_variant"])
-    manifest = run.manifest()
-    manifest["status"] = "completed"
-    run.write_manifest(manifest)
-    from agl_cli.commands.eval_cmd import _write_report
+        trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
+        try:
+            outcome = trainer.run(on_step)
+        except KeyboardInterrupt:
+            console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
+            raise typer.Exit(130) from None
+        finally:
+            tracking.close()
+        comparison = _before_after(run, outcome["after_variant"])
+        manifest = run.manifest()
+        manifest["status"] = "completed"
+        run.write_manifest(manifest)
+        from agl_cli.commands.eval_cmd import _write_report
 
-    trained = outcome["trained_model"]
-    result = {
-        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
-        "trained_model": trained,
-        "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
-        if trained else None,
-        "report": _write_report(run),
-    }
+        trained = outcome["trained_model"]
+        result = {
+            "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
+            "trained_model": trained,
+            "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
+            if trained else None,
+            "report": _write_report(run),
+        }
     if json_output:
         print_json(result)
         return

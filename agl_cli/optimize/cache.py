@@ -8,9 +8,10 @@ against the `task.json` the earlier rollout ran on; the agent version is:
     `git diff HEAD` and of the untracked files' contents (`.agl/` and `agl.best.yaml` excluded: agl writes them).
     Outside git only the spec sections count, so an edit to the agent's code is not seen: use --no-cache then.
 
-Every run directory whose manifest records the same `agent_version` is a source. Rollouts whose result is the
-variant's own doing are reused (succeeded, timed out, agent crashed, no output); grader failures, infrastructure
-failures and interrupted attempts are not, since running again may well turn out differently.
+Every run directory whose manifest records the same `agent_version` is a source. Only scored rollouts are reused:
+a failure may have had a cause outside the agent (an upstream that was down, a full disk) and run differently
+now. With `reuse_failures`, failures that are the variant's own doing are reused too (timed out, agent crashed, no
+output); grader failures, infrastructure failures and interrupted attempts never are.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from pathlib import Path
 
 from agl_cli.evaluation import PlannedRollout, rollout_id
 from agl_cli.run_spend import IMPORTED_META, imported_ids
-from agl_cli.rundir import MANIFEST, RunDir
+from agl_cli.rundir import RunDir, read_manifest
 from agl_cli.spec import ExperimentSpec
 from agl_cli.tasks import Task
-from rl_backend.store.db import RunStore
+from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import FailureKind, Rollout
 
-REUSABLE_FAILURES = {None, FailureKind.agent_crashed, FailureKind.agent_timeout, FailureKind.no_output}
+REUSABLE_FAILURES = {FailureKind.agent_crashed, FailureKind.agent_timeout, FailureKind.no_output}
 _EXCLUDE = (":(exclude).agl", ":(exclude)**/.agl/**", ":(exclude)agl.best.yaml")
 
 
@@ -80,6 +81,15 @@ def task_hash(data: object) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+def reusable(rollout: Rollout, *, reuse_failures: bool = False) -> bool:
+    """A scored rollout; with `reuse_failures`, also one that failed by the agent's own doing."""
+    if not rollout.status.terminal:
+        return False
+    if rollout.reward is not None and rollout.failure is None:
+        return True
+    return reuse_failures and rollout.failure in REUSABLE_FAILURES
+
+
 @dataclass
 class _Source:
     run: RunDir
@@ -89,22 +99,23 @@ class _Source:
 class ResultCache:
     """Finished rollouts of other runs with the same agent version, by rollout key (variant hash/task/seed)."""
 
-    def __init__(self, runs_root: Path, version: str, *, exclude: Path | None = None) -> None:
+    def __init__(self, runs_root: Path, version: str, *, exclude: Path | None = None,
+                 reuse_failures: bool = False) -> None:
         self.version = version
         self.entries: dict[str, _Source] = {}
         for path in sorted(runs_root.glob("*")) if runs_root.is_dir() else []:
             if exclude is not None and path.resolve() == exclude.resolve():
                 continue
+            manifest = read_manifest(path)
+            if manifest is None or manifest.get("agent_version") != version or not (path / "store.sqlite").is_file():
+                continue
             try:
-                manifest = json.loads((path / MANIFEST).read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            if manifest.get("agent_version") != version or not (path / "store.sqlite").is_file():
-                continue
-            store = RunStore(path / "store.sqlite")
+                store = RunStore(path / "store.sqlite")
+            except StoreError:
+                continue  # a damaged run is no source; the run that uses the cache must not fail for it
             try:
                 for rollout in store.rollouts(latest_only=True):
-                    if rollout.status.terminal and rollout.failure in REUSABLE_FAILURES:
+                    if reusable(rollout, reuse_failures=reuse_failures):
                         self.entries.setdefault(rollout.key, _Source(RunDir(path), rollout))
             finally:
                 store.close()

@@ -115,7 +115,8 @@ def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> 
             max_rollouts=opts.max_rollouts if opts.max_rollouts is not None else study.spec.budget.rollouts,
             max_usd=opts.budget_usd if opts.budget_usd is not None else study.spec.budget.usd,
         )
-        cache = ResultCache(study.run.path.parent, study.agent_version, exclude=study.run.path) if use_cache else None
+        cache = ResultCache(study.run.path.parent, study.agent_version, exclude=study.run.path,
+                            reuse_failures=opts.reuse_failures) if use_cache else None
         spend_limit = None
         if ledger.max_usd is not None:
             from rl_backend.gateway.budget import SpendLimit
@@ -123,7 +124,7 @@ def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> 
             hint = f"raise it with: agl optimize --resume {study.run.run_id} --budget-usd AMOUNT"
             spend_limit = SpendLimit(ledger.max_usd, spent_usd=ledger.spent_usd, hint=hint)
         with running_stack(study.spec, store, log=console.print, spend_limit=spend_limit) as stack:
-            runner = StudyRunner(study.spec, study.run, store, stack, LocalController())
+            runner = StudyRunner(study.spec, study.run, store, stack, LocalController(), log=console.print)
             runner.ledger = ledger
             yield Executor(study, store, runner, ledger, console, cache=cache, quiet=quiet)
     finally:

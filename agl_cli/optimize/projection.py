@@ -7,7 +7,6 @@ left with status `dry_run`, so a later `--resume` or a re-run reuses those rollo
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from statistics import mean
@@ -19,8 +18,8 @@ from agl_cli.evaluation import make_plan
 from agl_cli.optimize.cache import ResultCache
 from agl_cli.optimize.racing import schedule
 from agl_cli.optimize.study import Study
-from agl_cli.rundir import MANIFEST
-from rl_backend.store.db import RunStore
+from agl_cli.rundir import read_manifest
+from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import CallTotals
 
 MIN_HISTORY = 3
@@ -31,13 +30,13 @@ def history(runs_root: Path, version: str) -> list[dict[str, float | None]]:
     duration of each."""
     rows: list[dict[str, float | None]] = []
     for path in sorted(runs_root.glob("*")) if runs_root.is_dir() else []:
+        manifest = read_manifest(path)
+        if manifest is None or manifest.get("agent_version") != version or not (path / "store.sqlite").is_file():
+            continue
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if manifest.get("agent_version") != version or not (path / "store.sqlite").is_file():
-            continue
-        store = RunStore(path / "store.sqlite")
+            store = RunStore(path / "store.sqlite")
+        except StoreError:
+            continue  # a damaged run teaches nothing about cost or time
         try:
             totals = store.call_totals_by_rollout()
             for r in store.rollouts(latest_only=True):
@@ -116,7 +115,8 @@ def project(study: Study, rows: list[dict[str, float | None]], source: str, cach
 
 def cached_count(study: Study, runs_root: Path) -> int:
     """How many rollouts of the full grid and the baseline's confirmation the cache already holds."""
-    cache = ResultCache(runs_root, study.agent_version)  # a pilot's own rollouts count: a new study reuses them
+    # A pilot's own rollouts count: a new study reuses them.
+    cache = ResultCache(runs_root, study.agent_version, reuse_failures=study.options.reuse_failures)
     plan = make_plan(study.variants, study.search_tasks, study.seeds) + make_plan(
         study.variants[:1], study.confirm_tasks, study.seeds)
     return sum(1 for item in plan if item.key in cache.entries)

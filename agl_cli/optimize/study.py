@@ -22,6 +22,7 @@ from agl_cli.optimize.space import (
     variants_from_manifest,
     with_candidates,
 )
+from agl_cli.preflight import check_commands
 from agl_cli.prices import check_budget_prices
 from agl_cli.rundir import RunDir, find_run, git_sha, runs_root
 from agl_cli.spec import ExperimentSpec, load_spec
@@ -56,6 +57,7 @@ class StudyOptions:
     confirm_limit: int | None = None  # confirm on the first N tasks of the held-out split
     order_seed: int = 0
     no_cache: bool = False
+    reuse_failures: bool = False  # the cache also reuses rollouts that failed by the agent's own doing
 
 
 @dataclass
@@ -109,6 +111,7 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
     budget_flag = options.budget_usd is not None
     check_budget_prices(spec, options.budget_usd if budget_flag else spec.budget.usd,
                         source="--budget-usd" if budget_flag else "budget.usd")
+    check_commands(spec, spec_path=spec_path)
     candidates = [parse_candidate(spec, text, cwd) for text in candidate_texts]
     options.candidates = [c.as_dict() for c in candidates]
     working = with_candidates(spec, candidates)
@@ -169,8 +172,11 @@ def reopen(reference: str, runs_dir: Path | None) -> Study:
     if manifest.get("kind") != KIND:
         raise UsageError(f"run {run.run_id} is a {manifest.get('kind')!r} run, not a study",
                          hint="agl eval --resume finishes eval runs")
+    run.require(manifest, "options", "spec_path", "agent_version", "search_task_ids", "confirm_task_ids",
+                "variants", "seeds")
     options = StudyOptions(**manifest["options"])
     spec = load_spec(Path(manifest["spec_path"]))
+    check_commands(spec, spec_path=Path(manifest["spec_path"]))
     version = agent_version(spec)
     if version != manifest["agent_version"]:
         raise UsageError(

@@ -10,7 +10,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rl_backend.store.db import call_totals, model_use
+from rl_backend.store.db import StoreError, call_totals, model_use
 from rl_backend.store.records import CallTotals, ModelUse
 
 
@@ -54,31 +54,37 @@ def read_usage(store_path: Path, reused: frozenset[str] | set[str] = frozenset()
     # A separate read-only-in-practice connection: RunStore has no query for these, and this never writes.
     conn = sqlite3.connect(store_path, timeout=30.0)
     try:
-        usage.totals = call_totals(conn)
-        usage.uses = model_use(conn)
-        usage.failed_calls = dict(conn.execute(
-            "SELECT rollout_id, COUNT(*) FROM calls WHERE rollout_id IS NOT NULL "
-            "AND (error IS NOT NULL OR status_code >= 400) GROUP BY rollout_id"
-        ).fetchall())
-        usage.unattributed = int(conn.execute("SELECT COUNT(*) FROM calls WHERE rollout_id IS NULL").fetchone()[0])
-        usage.reused_rollouts = len(reused & usage.totals.keys())
-        cost_sum, token_sum = 0.0, 0
-        for rid, when, cost, tokens in conn.execute(
-            "SELECT rollout_id, COALESCE(ended_at, started_at) AS t, cost_usd, "
-            "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) FROM calls ORDER BY t, seq"
-        ):
-            if rid in reused:
-                usage.reused_calls += 1
-                usage.reused_cost += float(cost or 0.0)
-                continue
-            if cost is None:
-                usage.unpriced_calls += 1
-            cost_sum += float(cost or 0.0)
-            token_sum += int(tokens)
-            usage.times.append(float(when))
-            usage.cumulative_cost.append(cost_sum)
-            usage.cumulative_tokens.append(token_sum)
-        usage.calls = len(usage.times)
+        _read_into(usage, conn, reused)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{store_path} is damaged and cannot be read ({exc}); restore it from a copy") from None
     finally:
         conn.close()
     return usage
+
+
+def _read_into(usage: CallUsage, conn: sqlite3.Connection, reused: frozenset[str] | set[str]) -> None:
+    usage.totals = call_totals(conn)
+    usage.uses = model_use(conn)
+    usage.failed_calls = dict(conn.execute(
+        "SELECT rollout_id, COUNT(*) FROM calls WHERE rollout_id IS NOT NULL "
+        "AND (error IS NOT NULL OR status_code >= 400) GROUP BY rollout_id"
+    ).fetchall())
+    usage.unattributed = int(conn.execute("SELECT COUNT(*) FROM calls WHERE rollout_id IS NULL").fetchone()[0])
+    usage.reused_rollouts = len(reused & usage.totals.keys())
+    cost_sum, token_sum = 0.0, 0
+    for rid, when, cost, tokens in conn.execute(
+        "SELECT rollout_id, COALESCE(ended_at, started_at) AS t, cost_usd, "
+        "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) FROM calls ORDER BY t, seq"
+    ):
+        if rid in reused:
+            usage.reused_calls += 1
+            usage.reused_cost += float(cost or 0.0)
+            continue
+        if cost is None:
+            usage.unpriced_calls += 1
+        cost_sum += float(cost or 0.0)
+        token_sum += int(tokens)
+        usage.times.append(float(when))
+        usage.cumulative_cost.append(cost_sum)
+        usage.cumulative_tokens.append(token_sum)
+    usage.calls = len(usage.times)

@@ -36,11 +36,19 @@ from starlette.routing import Route
 from rl_backend.gateway.errors import GatewayError, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import presented_token, read_json_object
+from rl_backend.gateway.ids import check_rollout_id
 from rl_backend.gateway.knobs import validate_knobs
 from rl_backend.store.db import RunStore
 
 if TYPE_CHECKING:
     from rl_backend.gateway.app import Gateway
+
+
+def _path_id(rollout_id: str) -> None:
+    try:
+        check_rollout_id(rollout_id)
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="rollout_id") from None
 
 
 class AdminAPI:
@@ -117,8 +125,11 @@ class AdminAPI:
             self._guard(request)
             body = await self._body(request)
             rollout_id = body.get("rollout_id")
-            if not isinstance(rollout_id, str) or not rollout_id:
-                raise GatewayError(400, "`rollout_id` must be a non-empty string", param="rollout_id")
+            try:
+                check_rollout_id(rollout_id)
+            except ValueError as exc:
+                raise GatewayError(400, str(exc), param="rollout_id") from None
+            assert isinstance(rollout_id, str)
             check_optional(body, "knobs", "object")
             knobs = body.get("knobs") or {}
             existing = gw.rollout_entry(rollout_id)
@@ -160,6 +171,7 @@ class AdminAPI:
         rollout_id = request.path_params["rid"]
         try:
             self._guard(request)
+            _path_id(rollout_id)
             if self.gateway.rollout_entry(rollout_id) is None:
                 raise GatewayError(404, f"rollout {rollout_id!r} is not registered", code="rollout_not_found")
         except GatewayError as exc:
@@ -172,6 +184,7 @@ class AdminAPI:
         rollout_id = request.path_params["rid"]
         try:
             self._guard(request)
+            _path_id(rollout_id)
             text = request.query_params.get("since")
             try:
                 since = float(text) if text is not None else None

@@ -31,6 +31,7 @@ from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import dialect_of, parse_json_object, presented_token, read_json_object
+from rl_backend.gateway.ids import check_rollout_id, shown_id
 from rl_backend.gateway.knobs import validate_knobs
 from rl_backend.gateway.pricing import PriceTable
 from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
@@ -39,6 +40,7 @@ from rl_backend.gateway.upstream import RetryPolicy, UpstreamClient
 from rl_backend.gateway.writer import RecordWriter
 from rl_backend.httpserver import ServerThread
 from rl_backend.store.db import RunStore
+from rl_backend.store.records import check_reward
 
 # The model-call endpoints under /rollouts/<rid>/, and the API kind each serves.
 PROXY_PATHS = {
@@ -47,6 +49,9 @@ PROXY_PATHS = {
     "openai/v1/responses": "responses",
     "anthropic/v1/messages": "messages",
 }
+
+
+_NO_TOKEN = "agl-" + secrets.token_urlsafe(24)  # compared against when the id is unknown, so timing tells nothing
 
 
 @dataclass
@@ -104,9 +109,8 @@ class Gateway:
     # -- rollouts -------------------------------------------------------------------------------------------------
 
     def register_rollout(self, rollout_id: str, knobs: dict[str, Any] | None = None) -> str:
-        """Admit a rollout; returns its secret token (the agent's API key). Raises ValueError for bad knobs."""
-        if not rollout_id or "/" in rollout_id or rollout_id != rollout_id.strip():
-            raise ValueError(f"rollout id {rollout_id!r} cannot be used in a URL path")
+        """Admit a rollout; returns its secret token (the agent's API key). Raises ValueError for a bad id or knobs."""
+        check_rollout_id(rollout_id)
         checked = validate_knobs(knobs)
         if "model" in checked:
             self.router.resolve(None, checked["model"], rollout_id)  # fail now, not at the agent's first call
@@ -121,14 +125,8 @@ class Gateway:
         return self._rollouts.get(rollout_id)
 
     def _authorize(self, rollout_id: str, token: str | None) -> RolloutEntry:
-        entry = self._rollouts.get(rollout_id)
-        if entry is None:
-            raise GatewayError(
-                404,
-                f"rollout {rollout_id!r} is not registered with this gateway (it has ended, or the base URL is "
-                "wrong): use the base URL agl gave this agent",
-                code="rollout_not_found",
-            )
+        # The token is checked before anything is said about the rollout: whether an id is registered is no
+        # business of a caller that cannot show its token.
         if token is None:
             raise GatewayError(
                 401,
@@ -136,11 +134,13 @@ class Gateway:
                 "`Authorization: Bearer <token>` or `x-api-key`",
                 code="invalid_api_key",
             )
-        if not hmac.compare_digest(token.encode(), entry.token.encode()):
+        entry = self._rollouts.get(rollout_id)
+        expected = entry.token if entry is not None else _NO_TOKEN
+        if not hmac.compare_digest(token.encode(), expected.encode()) or entry is None:
             raise GatewayError(
                 401,
-                f"this API key is not valid for rollout {rollout_id!r}: each rollout has its own token; use the "
-                "API key agl set in this agent's environment",
+                f"this API key is not valid for rollout {shown_id(rollout_id)}: each rollout has its own token, "
+                "valid while the rollout runs; use the base URL and API key agl set in this agent's environment",
                 code="invalid_api_key",
             )
         return entry
@@ -346,20 +346,15 @@ class Gateway:
         try:
             self._authorize(rollout_id, presented_token(request))
             body = await read_json_object(request, 2**20)
-            reward = body.get("reward")
-            if (
-                isinstance(reward, bool)
-                or not isinstance(reward, int | float)
-                or reward != reward
-                or abs(reward) == float("inf")
-            ):
-                raise GatewayError(400, f"`reward` must be a finite number, got {reward!r}", param="reward")
+            try:
+                value = check_reward(body.get("reward"))
+            except ValueError as exc:
+                raise GatewayError(400, f"`reward` is unusable: {exc}", param="reward") from None
             detail = body.get("detail")
             if detail is not None and not isinstance(detail, dict):
                 raise GatewayError(400, "`detail` must be a JSON object when given", param="detail")
         except GatewayError as exc:
             return error_response(exc, "openai")
-        value = float(reward)
         await self.writer.call(lambda store: store.report_reward(rollout_id, value, detail))
         return json_response(200, {"ok": True, "rollout_id": rollout_id, "reward": value})
 

@@ -12,7 +12,7 @@ UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible", "
 class UpstreamSpec(BaseModel):
     """One entry of `upstreams:` in agl.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: UpstreamKind = Field(
         description="embedded (a local model agl serves), openai, anthropic, openai-compatible (vLLM, a proxy, a "

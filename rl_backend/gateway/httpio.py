@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 
 from rl_backend.gateway.errors import Dialect, GatewayError
-from rl_backend.gateway.jsonfast import loads
+from rl_backend.gateway.jsonfast import deeper_than, loads
 
 
 def dialect_of(path: str) -> Dialect:
@@ -36,6 +36,11 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     return parse_json_object(bytes(buf))
 
 
+# Deeper than any real request (tool schemas nest a few dozen levels); shallow enough that the record of the request
+# can always be written back out as JSON.
+MAX_BODY_DEPTH = 128
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise GatewayError(400, "the request has no body: send a JSON object")
@@ -45,4 +50,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise GatewayError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise GatewayError(400, f"the request body must be a JSON object, got a JSON {type(data).__name__}")
+    # Counting brackets is C-fast; only a body with enough of them to be too deep is walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_BODY_DEPTH and deeper_than(data, MAX_BODY_DEPTH):
+        raise GatewayError(400, f"the request body is nested more than {MAX_BODY_DEPTH} levels deep")
     return data

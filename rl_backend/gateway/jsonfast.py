@@ -29,7 +29,10 @@ def loads(data: bytes | bytearray | str) -> Any:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:
             pass  # the standard library accepts a little more (NaN) and words its errors as tests expect
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:  # nesting deeper than Python's stack (orjson stops at 1024 levels)
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 def dumps(value: Any) -> bytes:
@@ -44,3 +47,15 @@ def dumps(value: Any) -> bytes:
 
 def dumps_str(value: Any) -> str:
     return dumps(value).decode()
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests lists and objects more than `limit` levels deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False

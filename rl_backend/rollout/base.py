@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from rl_backend.store.records import AgentProcess
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,9 @@ class RolloutJob:
     rollout_dir: Path
     timeout_s: float
     labels: dict[str, str] = field(default_factory=dict)
+    # Called as soon as a local agent process runs, with what identifies it: a run records it, so that a resume
+    # after agl was killed can end what was left running. Controllers without local processes never call it.
+    on_spawn: Callable[[AgentProcess], None] | None = None
 
 
 @dataclass

@@ -1,18 +1,24 @@
-"""Local rollout controller: each rollout is a process group on this machine, killed whole at its deadline."""
+"""Local rollout controller: each rollout is a process group on this machine, ended whole when the agent exits,
+at its deadline, or when the run is cancelled. When agl dies, the agent dies with it (a parent-death signal) and a
+watchdog ends what the agent started (rl_backend/rollout/procs.py, reaper.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import time
 
+from rl_backend.rollout import procs
 from rl_backend.rollout.base import ProcessResult, RolloutJob
+from rl_backend.rollout.reaper import Reaper
 
 # What we keep of an agent's stdout and stderr: the last bytes matter most (the traceback, the final answer).
 TAIL_BYTES = 64 * 1024
 KILL_GRACE_S = 2.0
+PIPE_DRAIN_S = 5.0
 
 
 class _Tail:
@@ -42,49 +48,63 @@ async def _drain(stream: asyncio.StreamReader | None, tail: _Tail) -> None:
         tail.feed(chunk)
 
 
-def _kill_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Until the agent process itself has exited. Not `proc.wait()`: that also waits for its pipes to close, which
+    a child the agent left behind holding stdout would put off until the deadline."""
+    delay = 0.005
+    while proc.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 class LocalController:
-    """Runs each rollout as `sh -c COMMAND` in a new session, so a timeout kills the agent and all its children."""
+    """Runs each rollout as `sh -c COMMAND` in a new session, so the agent and all its children end together."""
 
     def __init__(self, tail_bytes: int = TAIL_BYTES) -> None:
         self.tail_bytes = tail_bytes
+        self.reaper = Reaper()
+
+    async def close(self) -> None:
+        self.reaper.close()
 
     async def run(self, job: RolloutJob) -> ProcessResult:
         started = time.monotonic()
+        tag = f"{job.rollout_id}.{secrets.token_hex(8)}"
         proc = await asyncio.create_subprocess_shell(
-            job.command,
+            procs.exec_form(job.command),
             cwd=str(job.cwd),
-            env=job.env,
+            env={**job.env, procs.TAG_ENV: tag},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=procs.parent_death_signal(os.getpid()),
         )
+        self.reaper.register(proc.pid, tag)
+        try:
+            if job.on_spawn is not None:
+                job.on_spawn(procs.identify(proc.pid, command=job.command, tag=tag, rollout_id=job.rollout_id))
+        except BaseException:
+            self._end_all(proc, tag)
+            raise
         out, err = _Tail(self.tail_bytes), _Tail(self.tail_bytes)
         readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
-        timed_out = cancelled = False
+        timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout=job.timeout_s)
+            await asyncio.wait_for(_exited(proc), timeout=job.timeout_s)
         except TimeoutError:
             timed_out = True
-            await self._stop(proc)
+            await self._stop(proc, tag)
         except asyncio.CancelledError:
-            cancelled = True
-            await asyncio.shield(self._stop(proc))
+            await asyncio.shield(self._stop(proc, tag))
             readers.cancel()
             raise
-        finally:
-            if not cancelled:
-                # A grandchild may still hold the pipes open; the group is ours to end once the agent is done.
-                _kill_group(proc.pid, signal.SIGKILL)
-                try:
-                    await asyncio.wait_for(readers, timeout=5.0)
-                except (TimeoutError, asyncio.CancelledError):
-                    readers.cancel()
+        # The agent is done: whatever it left running, in its group or in sessions of their own, goes with it.
+        self._end_all(proc, tag)
+        try:
+            await asyncio.wait_for(readers, timeout=PIPE_DRAIN_S)
+        except (TimeoutError, asyncio.CancelledError):
+            readers.cancel()
         return ProcessResult(
             exit_code=None if timed_out else proc.returncode,
             timed_out=timed_out,
@@ -95,11 +115,14 @@ class LocalController:
             stderr_bytes=err.total,
         )
 
-    @staticmethod
-    async def _stop(proc: asyncio.subprocess.Process) -> None:
-        _kill_group(proc.pid, signal.SIGTERM)
+    def _end_all(self, proc: asyncio.subprocess.Process, tag: str) -> None:
+        procs.signal_group(proc.pid, signal.SIGKILL)
+        procs.end_tagged(tag)
+        self.reaper.unregister(proc.pid)
+
+    async def _stop(self, proc: asyncio.subprocess.Process, tag: str) -> None:
+        procs.signal_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), timeout=KILL_GRACE_S)
-        _kill_group(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            await proc.wait()
+            await asyncio.wait_for(_exited(proc), timeout=KILL_GRACE_S)
+        self._end_all(proc, tag)
+        await _exited(proc)

@@ -7,6 +7,7 @@ each RunStore serialises its own writes behind a lock, and SQLite's WAL and busy
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_backend.store.records import (
+    AgentProcess,
     CallRecord,
     CallTotals,
     FailureKind,
@@ -25,6 +27,7 @@ from rl_backend.store.records import (
     RolloutStatus,
     RouteKind,
 )
+from rl_backend.store.runlock import lock_holder
 
 # Each entry moves the schema from version i to i+1. Never edit a shipped entry: append a new one.
 MIGRATIONS: list[str] = [
@@ -125,6 +128,21 @@ MIGRATIONS: list[str] = [
     ALTER TABLE calls ADD COLUMN served_model TEXT;
     ALTER TABLE calls ADD COLUMN route TEXT
 """,
+    # 3 -> 4: the agent process of each running local rollout (records.AgentProcess), so that a resume after agl
+    # was killed ends what it left running before it runs those rollouts again.
+    """
+    CREATE TABLE agent_processes (
+        rollout_id TEXT PRIMARY KEY,
+        pid INTEGER NOT NULL,
+        pgid INTEGER NOT NULL,
+        start_ticks INTEGER,
+        command TEXT NOT NULL,
+        tag TEXT NOT NULL,
+        owner_pid INTEGER NOT NULL,
+        owner_start_ticks INTEGER,
+        started_at REAL NOT NULL
+    );
+""",
 ]
 
 _ROLLOUT_JSON = ("grader_detail",)
@@ -132,7 +150,12 @@ _CALL_JSON = ("request", "response", "prompt_token_ids", "completion_token_ids",
 
 
 class StoreError(RuntimeError):
-    pass
+    """A store that cannot be used as it is (damaged, too new, held by another process): the message says which."""
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc)
 
 
 # Per rollout: calls, tokens, the cost of the priced calls and how many calls have no price (NULL cost: unknown, which
@@ -177,13 +200,38 @@ class RunStore:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL keeps every committed row across a kill -9 of this process (the WAL is written, not fsynced).
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA busy_timeout=30000")
-        self._migrate()
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path} cannot be opened as a run store ({exc})") from None
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL keeps every committed row across a kill -9 of this process (the WAL is written, not fsynced).
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA busy_timeout=30000")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            if not _is_damage(exc):
+                raise
+            raise self._damaged(exc) from None
+
+    def _damaged(self, exc: sqlite3.DatabaseError) -> StoreError:
+        return StoreError(
+            f"{self.path} is damaged and cannot be read ({exc}); restore it from a copy, or start a new run"
+        )
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The connection, under this store's lock; a damaged file is a StoreError naming it, not a traceback."""
+        with self._lock:
+            try:
+                yield self._conn
+            except sqlite3.DatabaseError as exc:
+                if _is_damage(exc):
+                    raise self._damaged(exc) from None
+                raise
 
     # -- schema -------------------------------------------------------------------------------------------------
 
@@ -217,14 +265,15 @@ class RunStore:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+        with self._reading() as conn:
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self._conn
+                yield conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+            conn.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -237,8 +286,8 @@ class RunStore:
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     def get_meta(self, key: str, default: Any = None) -> Any:
-        with self._lock:
-            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        with self._reading() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else json.loads(row["value"])
 
     def upsert_variant(self, name: str, hash_: str, knobs: dict[str, Any]) -> None:
@@ -248,8 +297,8 @@ class RunStore:
             )
 
     def variants(self) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            rows = self._conn.execute("SELECT name, hash, knobs FROM variants ORDER BY rowid").fetchall()
+        with self._reading() as conn:
+            rows = conn.execute("SELECT name, hash, knobs FROM variants ORDER BY rowid").fetchall()
         return {r["name"]: {"hash": r["hash"], "knobs": json.loads(r["knobs"])} for r in rows}
 
     # -- rollouts ------------------------------------------------------------------------------------------------
@@ -277,8 +326,8 @@ class RunStore:
             query += " WHERE variant = ?"
             args = (variant,)
         query += " ORDER BY rowid"
-        with self._lock:
-            rows = self._conn.execute(query, args).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute(query, args).fetchall()
         result = [self._row_to_rollout(r) for r in rows]
         if latest_only:
             newest: dict[str, Rollout] = {}
@@ -289,12 +338,19 @@ class RunStore:
         return result
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        with self._lock:
-            row = self._conn.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+        with self._reading() as conn:
+            row = conn.execute("SELECT * FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
         return None if row is None else self._row_to_rollout(row)
 
     def mark_interrupted(self) -> int:
-        """Rollouts left queued or running by a process that died become cancelled; returns how many."""
+        """Rollouts left queued or running by a process that died become cancelled; returns how many.
+
+        Refused (StoreError) while another live process holds the run's lock: its running rollouts are not dead."""
+        holder = lock_holder(self.path.parent)
+        if holder is not None and holder != os.getpid():
+            raise StoreError(
+                f"{self.path.parent} is held by process {holder}: its running rollouts are alive, not interrupted"
+            )
         with self.transaction() as conn:
             cur = conn.execute(
                 "UPDATE rollouts SET status = ?, failure = ?, error = ?, ended_at = COALESCE(ended_at, ?) "
@@ -310,6 +366,25 @@ class RunStore:
             )
             return cur.rowcount
 
+    # -- agent processes of running rollouts -----------------------------------------------------------------------
+
+    def record_process(self, process: AgentProcess) -> None:
+        data = process.model_dump()
+        with self.transaction() as conn:
+            conn.execute(
+                f"INSERT OR REPLACE INTO agent_processes ({', '.join(data)}) VALUES ({', '.join('?' for _ in data)})",
+                tuple(data.values()),
+            )
+
+    def forget_process(self, rollout_id: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM agent_processes WHERE rollout_id = ?", (rollout_id,))
+
+    def agent_processes(self) -> list[AgentProcess]:
+        with self._reading() as conn:
+            rows = conn.execute("SELECT * FROM agent_processes ORDER BY started_at").fetchall()
+        return [AgentProcess.model_validate(dict(r)) for r in rows]
+
     # -- rewards reported by agents ----------------------------------------------------------------------------
 
     def report_reward(self, rollout_id: str, reward: float, detail: dict[str, Any] | None = None) -> None:
@@ -323,8 +398,8 @@ class RunStore:
         self, rollout_id: str, *, since: float | None = None
     ) -> tuple[float, dict[str, Any] | None] | None:
         """The reward the agent posted; with `since`, only one reported at or after that time."""
-        with self._lock:
-            row = self._conn.execute(
+        with self._reading() as conn:
+            row = conn.execute(
                 "SELECT reward, detail, reported_at FROM reported_rewards WHERE rollout_id = ?", (rollout_id,)
             ).fetchone()
         if row is None or (since is not None and row["reported_at"] < since):
@@ -359,8 +434,8 @@ class RunStore:
             query += " WHERE rollout_id = ?"
             args = (rollout_id,)
         query += " ORDER BY seq"
-        with self._lock:
-            rows = self._conn.execute(query, args).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute(query, args).fetchall()
         result = []
         for row in rows:
             data = dict(row)
@@ -377,18 +452,18 @@ class RunStore:
 
     def call_totals_by_rollout(self) -> dict[str, CallTotals]:
         """Per rollout: number of calls, input/output tokens, priced cost and unpriced calls, summed in SQL."""
-        with self._lock:
-            return call_totals(self._conn)
+        with self._reading() as conn:
+            return call_totals(conn)
 
     def model_use_by_rollout(self) -> dict[str, list[ModelUse]]:
         """Per rollout: its calls grouped by the name the agent asked for, the upstream/model that served them, how
         the gateway chose it and the name the upstream reported."""
-        with self._lock:
-            return model_use(self._conn)
+        with self._reading() as conn:
+            return model_use(conn)
 
     def count_calls(self) -> int:
-        with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+        with self._reading() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
 
 
 __all__ = ["RunStore", "StoreError", "MIGRATIONS", "RewardSource"]

@@ -5,6 +5,7 @@ Defined once here; everything that writes or reads the run store goes through th
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +13,28 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+# Rewards are bounded so that sums, squares and intervals over thousands of them stay finite.
+MAX_ABS_REWARD = 1e6
+
+
+def check_reward(value: object) -> float:
+    """A reward as a float, or ValueError quoting the value: a number, finite, and within +-MAX_ABS_REWARD."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"the score is {_quote(value)}, not a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"the score is {value}, not a finite number")
+    if abs(value) > MAX_ABS_REWARD:  # exact for integers of any size, which float() would overflow on
+        raise ValueError(f"the score is {_quote(value)}, outside the accepted range -{MAX_ABS_REWARD:g} to {MAX_ABS_REWARD:g}")
+    return float(value)
+
+
+def _quote(value: object, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # Python refuses to write out integers of more than 4300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"  # type: ignore[attr-defined]
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(text)} characters)"
 
 
 class RolloutStatus(str, Enum):
@@ -90,6 +113,25 @@ class RouteKind(str, Enum):
     named = "named"  # the agent asked for upstream/model
     knob = "knob"  # the variant's `model` knob overrode the agent's name
     default = "default"  # the agent's name matched no upstream: the default model served it
+
+
+class AgentProcess(BaseModel):
+    """A running agent process as a run records it, so that a resume after agl was killed can end what is left.
+
+    `pid` leads the process group `pgid`; `start_ticks` (its start time, in clock ticks since boot) tells it from a
+    later process that reused the pid; `tag` is an environment entry its descendants inherit wherever they go (a new
+    process group or session), so they can be found and checked as this rollout's; `owner_pid` is the agl process
+    that started it (with its own start time), so a live run's agents are never taken for leftovers."""
+
+    rollout_id: str
+    pid: int
+    pgid: int
+    start_ticks: int | None = None
+    command: str
+    tag: str
+    owner_pid: int
+    owner_start_ticks: int | None = None
+    started_at: float = Field(default_factory=time.time)
 
 
 class CallRecord(BaseModel):
