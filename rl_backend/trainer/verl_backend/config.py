@@ -3,8 +3,8 @@ and the check of the rendered config against verl's own schema before anything i
 
 agl_cli renders templates/verl/ppo_trainer.yaml.j2 from a `VerlSettings`; `validate` merges the result onto verl's
 packaged defaults (trainer/config/_generated_ppo_trainer.yaml) in OmegaConf struct mode, so a key verl does not
-have is an error, then instantiates verl's config dataclasses for the model, the actor, the rollout and the rollout
-correction (their `__post_init__` checks run) and checks that the policy loss is in verl's registry. All of it runs
+have is an error, then instantiates verl's config dataclasses for the actor, the rollout and the rollout correction
+(their `__post_init__` checks run) and checks that the policy loss is in verl's registry. All of it runs
 on a CPU: a typo fails here, not on the GPU.
 """
 
@@ -181,8 +181,9 @@ def _check_dataclasses(cfg: Any) -> None:
     from verl.utils.config import omega_conf_to_dataclass
 
     built: dict[str, Any] = {}
-    for where in ("actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.rollout",
-                  "algorithm.rollout_correction"):
+    # Not the model's config: building verl's HFModelConfig reads the model's own files (from the Hub for a repository
+    # id), which a dry run on a laptop for a GPU cluster must not need.
+    for where in ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rollout_correction"):
         node = cfg
         for part in where.split("."):
             node = node[part]
