@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl_cli.errors import AglError, ConfigError
 from agl_cli.spec import ExperimentSpec
-from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.gateway.config import POLICY_KEY_ENV, ResolvedUpstream
 from rl_backend.store.db import RunStore
 
 if TYPE_CHECKING:
@@ -71,7 +71,6 @@ def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
 
 
 GATEWAY_URL_ENV = "AGL_GATEWAY_URL"  # rl_backend/gateway/remote.py reads it (and the admin token) too
-POLICY_KEY_ENV = "AGL_POLICY_API_KEY"  # the key the policy's servers require, when they require one
 
 
 def policy_upstream(name: str, upstream: Any) -> ResolvedUpstream:

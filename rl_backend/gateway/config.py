@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible", "replay"]
+# The key the servers of a trained policy require when set (the trainer gives it to them; the gateway sends it).
+POLICY_KEY_ENV = "AGL_POLICY_API_KEY"
 
 
 class UpstreamSpec(BaseModel):

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rl_backend.gateway.config import POLICY_KEY_ENV
 from rl_backend.trainer.batch import TrainBatch
 from rl_backend.trainer.verl_backend.config import VerlSettings
 from rl_backend.trainer.verl_backend.plugins import SETUP_HOOK, register_all
@@ -148,6 +149,9 @@ class VerlTrainer:
         if not ray.is_initialized():
             env = {k: os.environ[k] for k in ("VERL_PLATFORM", "AGL_POLICY_THREADS", "AGL_MODEL_CACHE",
                                               "TOKENIZERS_PARALLELISM") if k in os.environ}
+            if os.environ.get(POLICY_KEY_ENV):
+                # vLLM's OpenAI server then refuses calls without this key (the gateway sends it).
+                env["VLLM_API_KEY"] = os.environ[POLICY_KEY_ENV]
             ray.init(address=os.environ.get("RAY_ADDRESS") or None, num_cpus=self.settings.ray_num_cpus,
                      runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
                      include_dashboard=False, log_to_driver=True)
