@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_backend.trainer.verl_backend.loss import ROLLOUT_LOSS, register
+
 TEMPLATE = "verl/ppo_trainer.yaml.j2"
-# agl's rollout normalization, as a verl policy loss (loss.py): advantages arrive pre-weighted, summed over tokens.
-ROLLOUT_LOSS = "agl_rollout"
 # vLLM's --max-lora-rank accepts only these.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEVICES = ("cuda", "cpu")
@@ -174,7 +174,6 @@ def validate(rendered: str, settings: VerlSettings) -> Any:
 
 
 def _check_dataclasses(cfg: Any) -> None:
-    from rl_backend.trainer.verl_backend.loss import register
     from rl_backend.trainer.verl_compat import verl
 
     register()
