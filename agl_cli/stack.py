@@ -3,7 +3,10 @@ the gateway in front of every upstream. Stopped in reverse order when the run en
 
 With $AGL_GATEWAY_URL set (the trainer pod of `agl train --on kubernetes`), nothing starts here: the run uses the
 gateway running there (rl_backend/gateway/remote.py, with $AGL_GATEWAY_ADMIN_TOKEN), which serves every upstream,
-and `Stack.collect_rollout` copies each finished rollout's calls from its store into this run's."""
+and `Stack.collect_rollout` copies each finished rollout's calls from its store into this run's.
+
+The verl backend serves the model it trains from verl's own rollout servers: that upstream (`policy=`) is not loaded
+here; the gateway waits for the servers' addresses (`Stack.set_endpoints`, once the trainer has started them)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl_cli.errors import AglError, ConfigError
 from agl_cli.spec import ExperimentSpec
-from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.gateway.config import POLICY_KEY_ENV, ResolvedUpstream
 from rl_backend.store.db import RunStore
 
 if TYPE_CHECKING:
@@ -33,6 +36,17 @@ class Stack:
     upstreams: dict[str, ResolvedUpstream]
     # The in-process model servers of `kind: embedded` upstreams, by upstream name: training swaps their weights.
     embedded: dict[str, Any] = field(default_factory=dict)
+
+    def set_endpoints(self, upstream: str, base_urls: list[str], model: str | None = None) -> None:
+        """Send the calls of `upstream` (the policy being trained) to these servers from now on."""
+        if self.gateway is None:
+            raise AglError(f"no gateway runs for this spec, so upstream {upstream!r} cannot be served")
+        self.gateway.set_endpoints(upstream, base_urls, model)
+
+    def set_model_version(self, version: str) -> None:
+        """The weights the policy's servers serve from now on (recorded with every later call)."""
+        if self.gateway is not None:
+            self.gateway.set_model_version(version)
 
     def collect_rollout(self, rollout_id: str, store: RunStore) -> None:
         """After a rollout ends: bring what a remote gateway recorded for it (calls, posted reward) into `store`, so
@@ -56,28 +70,23 @@ def _api_key(name: str, kind: str, env_name: str | None) -> str | None:
     return value
 
 
-POLICY_URL_ENV = "AGL_POLICY_URL"
 GATEWAY_URL_ENV = "AGL_GATEWAY_URL"  # rl_backend/gateway/remote.py reads it (and the admin token) too
 
 
-def policy_upstream(name: str, upstream: Any, *, log: Any = None) -> ResolvedUpstream | None:
-    """With $AGL_POLICY_URL set, a `kind: embedded` upstream is the OpenAI-compatible server there (the trainer's
-    vLLM, which answers to the upstream's model name and returns token ids and logprobs) instead of a model loaded
-    in this process; None otherwise."""
-    url = os.environ.get(POLICY_URL_ENV)
-    if upstream.kind != "embedded" or not url:
-        return None
-    if log:
-        log(f"upstream {name!r} ({upstream.model}) is served by the policy server at ${POLICY_URL_ENV} = {url}, "
-            "not loaded in this process")
-    return ResolvedUpstream(name=name, api="openai", base_urls=[url.rstrip("/")], default_model=upstream.model,
-                            timeout_s=upstream.timeout_s, returns_token_ids=True)
+def policy_upstream(name: str, upstream: Any) -> ResolvedUpstream:
+    """A `kind: embedded` upstream whose servers a trainer runs (verl's rollout replicas): no model is loaded here;
+    the gateway waits until the trainer registers their addresses, and sends them $AGL_POLICY_API_KEY if set."""
+    return ResolvedUpstream(name=name, api="openai", base_urls=[], default_model=upstream.model,
+                            api_key=os.environ.get(POLICY_KEY_ENV) or None, timeout_s=upstream.timeout_s,
+                            returns_token_ids=True, free=True, registered_later=True)
 
 
 @contextlib.contextmanager
 def running_stack(
-    spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None
+    spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None,
+    policy: str | None = None,
 ) -> Iterator[Stack]:
+    """The services for `spec`; `policy` names the embedded upstream a trainer serves itself (see the docstring)."""
     if spend_limit is not None:
         from agl_cli.prices import check_budget_prices
 
@@ -91,9 +100,10 @@ def running_stack(
         resolved: dict[str, ResolvedUpstream] = {}
         embedded: dict[str, Any] = {}
         for name, upstream in spec.upstreams.items():
-            policy = policy_upstream(name, upstream, log=log)
-            if policy is not None:
-                resolved[name] = policy
+            if name == policy:
+                if log:
+                    log(f"upstream {name!r} ({upstream.model}) is served by the trainer's rollout servers")
+                resolved[name] = policy_upstream(name, upstream)
             elif upstream.kind == "embedded":
                 from rl_backend.serving.server import start_embedded_server
 

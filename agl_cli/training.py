@@ -109,12 +109,23 @@ class Trainer:
         self.log = log
         self.upstream = trained_upstream(spec)
 
-    def _trainer(self, checkpoints: Path) -> Any:
+    # The model being trained is served by the trainer itself (verl's rollout servers), not loaded by the stack.
+    policy_served_by_trainer = False
+
+    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[Any, Any]:
+        """(the trainer, where its new weights go): here the torch trainer and the embedded server's engine."""
         from rl_backend.serving.model_store import resolve_model_dir
         from rl_backend.trainer.loop import latest_checkpoint
         from rl_backend.trainer.loss import LossConfig
         from rl_backend.trainer.torch_backend import LoraSettings, TorchTrainer, TrainerConfig
 
+        if self.upstream not in stack.embedded:
+            raise ConfigError(
+                f"upstream {self.upstream!r} is not served in this process ($AGL_GATEWAY_URL sends its calls "
+                "elsewhere), and the torch backend trains the weights of a model it serves itself",
+                hint="unset AGL_GATEWAY_URL, or train with --backend verl",
+            )
+        engine = stack.embedded[self.upstream].engine
         config = TrainerConfig(
             lr=self.options.lr,
             loss=LossConfig(loss_agg=self.options.loss_agg, kl_coef=self.options.kl_coef),  # type: ignore[arg-type]
@@ -123,77 +134,86 @@ class Trainer:
         resume_from = latest_checkpoint(checkpoints)
         if resume_from is not None:
             self.log(f"resuming from checkpoint {resume_from.name}")
-            return TorchTrainer.from_checkpoint(resume_from, config)
+            return TorchTrainer.from_checkpoint(resume_from, config), engine
         model = self.spec.upstreams[self.upstream].model
-        return TorchTrainer.from_pretrained(resolve_model_dir(str(model)), config)
+        return TorchTrainer.from_pretrained(resolve_model_dir(str(model)), config), engine
 
-    def _engine(self, stack: Stack) -> Any:
-        """Where new weights go (the embedded server's engine); the verl backend serves them with vLLM instead."""
-        if self.upstream not in stack.embedded:
-            raise ConfigError(
-                f"upstream {self.upstream!r} is not served in this process ($AGL_POLICY_URL or $AGL_GATEWAY_URL "
-                "sends its calls elsewhere), and the torch backend trains the weights of a model it serves itself",
-                hint="unset AGL_POLICY_URL and AGL_GATEWAY_URL, or train with --backend verl on a GPU machine",
-            )
-        return stack.embedded[self.upstream].engine
+    def _stop_backend(self) -> None:
+        """Release what _start_backend started (nothing for the torch trainer)."""
+
+    def _export(self, final: Path) -> dict[str, str]:
+        """The trained model of checkpoint `final` as a Hugging Face folder under the run (TRAINED_DIR)."""
+        trained_dir = self.run_dir.path / TRAINED_DIR
+        shutil.rmtree(trained_dir, ignore_errors=True)
+        shutil.copytree(final / "model", trained_dir)
+        return {"model": str(trained_dir)}
 
     def _evaluate(self, runner: EvalRunner, plan: list[PlannedRollout]) -> None:
         asyncio.run(run_then_close(runner.controller, lambda: runner.run(plan)))
 
     def run(self, on_step: Callable[[Any], None]) -> dict[str, Any]:
         from rl_backend.trainer.curves import read_curve
-        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, latest_checkpoint, restore_missing_step
+        from rl_backend.trainer.loop import latest_checkpoint
 
         before, during = phase_variants(self.spec)
         checkpoints = self.run_dir.path / "checkpoints"
         store = self.run_dir.open_store()
         for variant in (before, during):
             store.upsert_variant(variant.name, variant.hash, variant.settings)
-        with running_stack(self.spec, store, log=self.log) as stack:
-            engine = self._engine(stack)
-            evaluator = self._runner(stack, store, overrides=None)
-            self.log(f"held-out {self.options.heldout_split} split before training: {len(self.heldout)} tasks")
-            self._evaluate(evaluator, make_plan([before], self.heldout, 1))
-            trainer = self._trainer(checkpoints)
-            restore_missing_step(store, checkpoints)  # killed between a checkpoint and its row
-            done = len(read_curve(store))
-            sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
-
-            def run_batch(i: int) -> list[str]:
-                plan = training_batch(self.train_tasks, during, done + i, self.options)
-                self._evaluate(sampler, plan)
-                return _latest_ids(store, plan)
-
-            loop = TrainingLoop(
-                store, trainer, run_batch, engine=engine, on_step=on_step,
-                config=LoopConfig(iterations=max(0, self.options.steps - done), checkpoint_dir=checkpoints,
-                                  keep_checkpoints=self.options.keep_checkpoints),
-            )
-            if self.options.loop == "collocated-async":
-                from agl_cli.train_async import train_collocated_async
-
-                train_collocated_async(
-                    loop, runner=sampler, gateway=stack.gateway, tasks=self.train_tasks, variant=during,
-                    group_size=self.options.group_size, groups_per_step=min(self.options.tasks_per_step,
-                                                                            len(self.train_tasks)),
-                    max_staleness=self.options.max_staleness, iterations=max(0, self.options.steps - done),
-                    concurrency=self.spec.concurrency)
-            else:
-                loop.run()
-            after = after_variant(self.spec, trainer.step)
-            store.upsert_variant(after.name, after.hash, after.settings)
-            self.log(f"held-out {self.options.heldout_split} split after training ({after.name})")
-            self._evaluate(evaluator, make_plan([after], self.heldout, 1))
+        policy = self.upstream if self.policy_served_by_trainer else None
+        with running_stack(self.spec, store, log=self.log, policy=policy) as stack:
+            trainer, engine = self._start_backend(stack, checkpoints)
+            try:
+                after = self._train(stack, store, trainer, engine, on_step, before, during, checkpoints)
+            finally:
+                self._stop_backend()
         curve = read_curve(store)
         store.close()
         final = latest_checkpoint(checkpoints)
-        trained_dir = self.run_dir.path / TRAINED_DIR
-        if final is not None:
-            shutil.rmtree(trained_dir, ignore_errors=True)
-            shutil.copytree(final / "model", trained_dir)
+        exported = self._export(final) if final is not None else {}
         self._write_metrics(curve)
-        return {"curve": [c.to_json() for c in curve], "trained_model": str(trained_dir) if final else None,
-                "after_variant": after.name}
+        return {"curve": [c.to_json() for c in curve], "trained_model": exported.get("model"),
+                "trained_adapter": exported.get("adapter"), "after_variant": after.name}
+
+    def _train(self, stack: Stack, store: RunStore, trainer: Any, engine: Any, on_step: Callable[[Any], None],
+               before: Variant, during: Variant, checkpoints: Path) -> Variant:
+        """Held-out before, the training loop, held-out after; returns the after variant."""
+        from rl_backend.trainer.curves import read_curve
+        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, restore_missing_step
+
+        evaluator = self._runner(stack, store, overrides=None)
+        self.log(f"held-out {self.options.heldout_split} split before training: {len(self.heldout)} tasks")
+        self._evaluate(evaluator, make_plan([before], self.heldout, 1))
+        restore_missing_step(store, checkpoints)  # killed between a checkpoint and its row
+        done = len(read_curve(store))
+        sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
+
+        def run_batch(i: int) -> list[str]:
+            plan = training_batch(self.train_tasks, during, done + i, self.options)
+            self._evaluate(sampler, plan)
+            return _latest_ids(store, plan)
+
+        loop = TrainingLoop(
+            store, trainer, run_batch, engine=engine, on_step=on_step,
+            config=LoopConfig(iterations=max(0, self.options.steps - done), checkpoint_dir=checkpoints,
+                              keep_checkpoints=self.options.keep_checkpoints),
+        )
+        if self.options.loop == "collocated-async":
+            from agl_cli.train_async import train_collocated_async
+
+            train_collocated_async(
+                loop, runner=sampler, gateway=stack.gateway, tasks=self.train_tasks, variant=during,
+                group_size=self.options.group_size, groups_per_step=min(self.options.tasks_per_step,
+                                                                        len(self.train_tasks)),
+                max_staleness=self.options.max_staleness, iterations=max(0, self.options.steps - done),
+                concurrency=self.spec.concurrency)
+        else:
+            loop.run()
+        after = after_variant(self.spec, trainer.step)
+        store.upsert_variant(after.name, after.hash, after.settings)
+        self.log(f"held-out {self.options.heldout_split} split after training ({after.name})")
+        self._evaluate(evaluator, make_plan([after], self.heldout, 1))
+        return after
 
     def _runner(self, stack: Stack, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
         return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),

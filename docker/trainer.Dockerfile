@@ -5,9 +5,10 @@
 #
 # Build from the repository root:
 #   docker build -f docker/trainer.Dockerfile -t ghcr.io/agl-dev/agl-trainer:0.1.0 .
-# Pick VLLM_IMAGE to match the vLLM release that verl (the `verl` extra's pin) supports; see docker/README.md.
+# The base is the vLLM release verl 0.9.1 pins (vllm 0.24.0 on torch 2.11); the `gpu` extra pins the same versions,
+# so installing agl changes none of them. See docker/README.md.
 
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.24.0
 FROM ${VLLM_IMAGE}
 
 USER root
@@ -25,13 +26,13 @@ COPY skills ./skills
 # Into the image's own Python, next to its torch and vLLM (a separate venv would install a second torch).
 # Recent vLLM images install with uv; older ones with pip: use whichever the base has.
 RUN if command -v uv >/dev/null 2>&1; then \
-        uv pip install --system --no-cache ".[k8s,verl]" "ray[default]"; \
+        uv pip install --system --no-cache ".[k8s,verl,gpu]"; \
     else \
-        python3 -m pip install --no-cache-dir ".[k8s,verl]" "ray[default]"; \
+        python3 -m pip install --no-cache-dir ".[k8s,verl,gpu]"; \
     fi \
  && cd / && rm -rf /opt/agl-src \
  && agl --help >/dev/null \
- && agl train agl.yaml --backend verl --help >/dev/null
+ && agl doctor --stack gpu
 
 # The uid the manifests run as (templates/k8s/provision/: runAsUser 10001, fsGroup 10001 for the volumes).
 RUN groupadd --gid 10001 agl \

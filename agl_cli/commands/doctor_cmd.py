@@ -62,15 +62,27 @@ def _kube_check() -> dict[str, Any]:
                   "pip install -e '.[k8s]' and point KUBECONFIG at your cluster", required=False)
 
 
-def collect() -> list[dict[str, Any]]:
+def _stack_check(gpu: bool) -> dict[str, Any]:
+    from agl_cli.versions import VERL, mismatches
+
+    if not gpu and _package("verl") is None:
+        return _check("verl training stack", False, "verl not installed (only `agl train --backend verl` needs it)",
+                      "pip install -e '.[verl]'", required=False)
+    wrong = mismatches(gpu=gpu)
+    what = "GPU training stack (verl, vLLM, torch, transformers)" if gpu else "verl training stack"
+    detail = "; ".join(map(str, wrong)) if wrong else f"fits verl {VERL}'s pins"
+    fix = "pip install -e '.[gpu,verl]' (on a CUDA machine, not with `local`)" if gpu else "pip install -e '.[verl]'"
+    return _check(what, not wrong, detail, fix, required=gpu)
+
+
+def collect(stack: str | None = None) -> list[dict[str, Any]]:
     checks = [
         _package_check("torch", "torch", "pip install 'torch==2.13.*'", required=True),
         _package_check("transformers", "transformers", LOCAL_FIX, required=True),
         _package_check("gguf reader", "gguf", LOCAL_FIX, required=True),
         _package_check("accelerate", "accelerate", LOCAL_FIX, required=True),
         _gguf_check(),
-        _package_check("verl (training backend)", "verl", "pip install -e '.[verl]'", required=False),
-        _package_check("vLLM (GPU serving)", "vllm", "pip install -e '.[gpu]' (on a CUDA machine)", required=False),
+        _stack_check(gpu=stack == "gpu"),
         _kube_check(),
     ]
     cache = Path(os.environ.get("AGL_MODEL_CACHE", str(Path.home() / ".cache" / "agl" / "models")))
@@ -90,15 +102,20 @@ def collect() -> list[dict[str, Any]]:
 
 @handle_errors
 def doctor_command(
+    stack: Annotated[str | None, typer.Option(help="gpu: also require a GPU trainer's stack (verl, vLLM, torch and transformers at verl's pins); exit 1 when it does not fit.")] = None,  # noqa: E501
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Show what is installed and reachable, with the command that fixes each missing piece."""
+    from agl_cli.errors import UsageError
+
+    if stack not in (None, "gpu"):
+        raise UsageError(f"--stack {stack!r}: the only stack to require is gpu")
     from rich.table import Table
     from rich.text import Text
 
     from agl_cli.console import print_json, print_table, stdout_console
 
-    checks = collect()
+    checks = collect(stack)
     if json_output:
         print_json({"checks": checks, "ok": all(c["ok"] for c in checks if c["required"])})
     else:

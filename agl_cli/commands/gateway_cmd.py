@@ -108,9 +108,12 @@ def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None
 
 
 def resolve_upstreams(
-    specs: dict[str, UpstreamSpec], *, token_ids: set[str], key_envs: dict[str, str], log: Any
+    specs: dict[str, UpstreamSpec], *, token_ids: set[str], key_envs: dict[str, str], log: Any,
+    trained_elsewhere: bool = False,
 ) -> tuple[dict[str, ResolvedUpstream], list[Any]]:
-    """ResolvedUpstreams, and the embedded model servers started for them (the caller stops those)."""
+    """ResolvedUpstreams, and the embedded model servers started for them (the caller stops those). With
+    `trained_elsewhere` (a gateway in a cluster), `kind: embedded` upstreams are the policy a trainer serves: they
+    wait for the trainer to register its servers instead of loading a model here."""
     from agl_cli.errors import ConfigError, UsageError
     from rl_backend.gateway.config import ResolvedUpstream
 
@@ -125,11 +128,11 @@ def resolve_upstreams(
                 f"upstream {name!r} is `kind: {spec.kind}`, which `agl gateway serve` does not start",
                 hint=f"serve it yourself and point an openai-compatible upstream at it; kinds: {', '.join(_KINDS)}",
             )
-        from agl_cli.stack import policy_upstream
+        if spec.kind == "embedded" and trained_elsewhere:
+            from agl_cli.stack import policy_upstream
 
-        policy = policy_upstream(name, spec, log=log)
-        if policy is not None:  # in a cluster: the trainer serves the policy it trains ($AGL_POLICY_URL)
-            resolved[name] = policy
+            log(f"upstream {name!r} ({spec.model}) is the trained policy: its servers register with this gateway")
+            resolved[name] = policy_upstream(name, spec)
             continue
         if spec.kind == "embedded":
             from rl_backend.serving.server import start_embedded_server
@@ -181,7 +184,7 @@ def serve_command(
     api_key_env: Annotated[Optional[list[str]], typer.Option("--api-key-env", help="NAME=ENV: upstream NAME's key is in $ENV; repeat.")] = None,  # noqa: UP045,E501
     host: Annotated[Optional[str], typer.Option(help="Interface to bind (default 127.0.0.1; beyond loopback needs an admin token).")] = None,  # noqa: UP045,E501
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port; --json prints it).")] = 8090,
-    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Serve pods: bind 0.0.0.0; an admin token is required.")] = False,  # noqa: E501
+    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Serve pods: bind 0.0.0.0 (an admin token is required); `kind: embedded` upstreams are the policy a trainer serves, whose servers register over the admin API.")] = False,  # noqa: E501
     admin_token: Annotated[Optional[str], typer.Option(envvar=ADMIN_TOKEN_ENV, show_envvar=True, help="Bearer token for /admin/* (pause, resume, rollouts). Prefer the environment variable.")] = None,  # noqa: UP045,E501
     store: Annotated[Optional[Path], typer.Option(help="The SQLite store calls are recorded in (default .agl/gateway/store.sqlite).")] = None,  # noqa: UP045,E501
     json_output: Annotated[bool, typer.Option("--json", help="When ready, print one JSON document (URL, store, …) on stdout.")] = False,  # noqa: E501
@@ -225,7 +228,8 @@ def serve_command(
         default_model = f"{only_name}/{only.model}" if only.model else only_name
     store_path = store or runs_root(None).parent / "gateway" / "store.sqlite"
     resolved, model_servers = resolve_upstreams(
-        specs, token_ids=set(token_ids or []), key_envs=_pairs(api_key_env, "--api-key-env"), log=console.print
+        specs, token_ids=set(token_ids or []), key_envs=_pairs(api_key_env, "--api-key-env"), log=console.print,
+        trained_elsewhere=in_cluster,
     )
     try:
         ready: dict[str, Any] = {"store": str(store_path.resolve()), "upstreams": sorted(resolved),

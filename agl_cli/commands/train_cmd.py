@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -63,6 +64,48 @@ def _before_after(run: RunDir, after_name: str) -> dict[str, Any] | None:
     doc = compare_sides(before, [after])[0]
     doc["sentence"] = sentence("trained vs base", doc)
     return doc
+
+
+def step_printer(console: Any, tracking: Any) -> Callable[[Any], None]:
+    """What each training step prints on stderr (and logs to the trackers)."""
+
+    def on_step(record: Any) -> None:
+        tracking.log(record)
+        reward = "—" if record.reward_mean is None else f"{record.reward_mean:.2f}"
+        console.print(f"step {record.step}: reward {reward}, trained {record.trained_rollouts}/{record.rollouts} "
+                      f"rollouts, loss {record.loss if record.loss is not None else '—'}, "
+                      f"entropy {record.entropy if record.entropy is not None else '—'}"
+                      + (f", staleness max {record.staleness_max}, {record.metrics.get('stale', 0)} stale dropped"
+                         if record.metrics.get("loop") == "collocated-async" else "")
+                      + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
+        groups = record.metrics.get("advantages", {})
+        if groups.get("groups") and groups.get("zero_signal_groups") == groups["groups"]:
+            # GRPO learns only from differences inside a group: this step moved nothing.
+            console.print(f"  no learning signal: in each of the {groups['groups']} groups every rollout scored the "
+                          "same; a lower --temperature, a larger --group-size or easier training tasks give GRPO "
+                          "something to compare", markup=False)
+
+    return on_step
+
+
+def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
+    """After a training run: its held-out before/after comparison, the manifest marked completed, the report, and
+    the result document (what --json prints)."""
+    from agl_cli.commands.eval_cmd import _write_report
+    from agl_cli.training import TRAINED_DIR
+
+    comparison = _before_after(run, outcome["after_variant"])
+    manifest = run.manifest()
+    manifest["status"] = "completed"
+    run.write_manifest(manifest)
+    trained = outcome["trained_model"]
+    return {
+        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
+        "trained_model": trained, "trained_adapter": outcome.get("trained_adapter"),
+        "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
+        if trained else None,
+        "report": _write_report(run),
+    }
 
 
 def _check_track(track: str | None) -> list[str] | None:
@@ -166,21 +209,7 @@ def train_command(
 
         tracking = _open_trackers(options.track, run)
 
-        def on_step(record: Any) -> None:
-            tracking.log(record)
-            reward = "—" if record.reward_mean is None else f"{record.reward_mean:.2f}"
-            console.print(f"step {record.step}: reward {reward}, trained {record.trained_rollouts}/{record.rollouts} "
-                          f"rollouts, loss {record.loss if record.loss is not None else '—'}, "
-                          f"entropy {record.entropy if record.entropy is not None else '—'}"
-                          + (f", staleness max {record.staleness_max}, {record.metrics.get('stale', 0)} stale dropped"
-                             if record.metrics.get("loop") == "collocated-async" else "")
-                          + ("" if record.updated else f" (no update: {record.metrics.get('skipped')})"), markup=False)
-            groups = record.metrics.get("advantages", {})
-            if groups.get("groups") and groups.get("zero_signal_groups") == groups["groups"]:
-                # GRPO learns only from differences inside a group: this step moved nothing.
-                console.print(f"  no learning signal: in each of the {groups['groups']} groups every rollout scored the "
-                              "same; a lower --temperature, a larger --group-size or easier training tasks give GRPO "
-                              "something to compare", markup=False)
+        on_step = step_printer(console, tracking)
 
         trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
         try:
@@ -190,20 +219,9 @@ def train_command(
             raise typer.Exit(130) from None
         finally:
             tracking.close()
-        comparison = _before_after(run, outcome["after_variant"])
-        manifest = run.manifest()
-        manifest["status"] = "completed"
-        run.write_manifest(manifest)
-        from agl_cli.commands.eval_cmd import _write_report
-
+        result = finish_run(run, outcome)
+        comparison = result["comparison"]
         trained = outcome["trained_model"]
-        result = {
-            "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
-            "trained_model": trained,
-            "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
-            if trained else None,
-            "report": _write_report(run),
-        }
     if json_output:
         print_json(result)
         return

@@ -1,30 +1,36 @@
-"""`agl train CONFIG --backend verl [--resume] [--dry-run]`: training on GPUs with verl, what the trainer image runs.
+"""`agl train CONFIG --backend verl [--resume] [--dry-run]`: training with verl, what the trainer image runs.
 
-The same rollouts, trajectories, GRPO advantages and rollout-normalized loss as the torch backend; verl's FSDP
-engine makes the update and a vLLM server the trainer starts serves the policy (rl_backend/trainer/verl_backend/).
-Settings come from the options and from the environment `agl train --on kubernetes` gives the trainer pod
-(rl_backend/provision/plan.py: trainer_env): AGL_CHECKPOINT_DIR, AGL_TRAIN_NODES, AGL_GPUS_PER_NODE,
-AGL_POLICY_PORT, AGL_GATEWAY_URL, AGL_GATEWAY_ADMIN_TOKEN; AGL_POLICY_URL when the policy is served elsewhere.
+The same rollouts, trajectories, GRPO advantages and rollout-normalized loss as the torch backend; verl's trainer
+(FSDP engine, old-logprob recompute, reference policy, rollout correction, checkpoints, weight sync) makes the
+update and verl's rollout servers serve the policy: vLLM on GPUs, agl's embedded engine with `--device cpu`
+(agl_cli/verl_training.py, rl_backend/trainer/verl_backend/). The GPU topology comes from the environment
+`agl train --on kubernetes` gives the trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE (and AGL_GATEWAY_URL with
+AGL_GATEWAY_ADMIN_TOKEN for the deployed gateway, AGL_HOME for where runs live).
 
 On stdout: one JSON object per training step (a line with a `step` key: what rl_backend/provision/metrics.py reads
-from the trainer's log), or with --dry-run the rendered verl config. Progress goes to stderr.
+from the trainer's log), then one with the run's result (`result`); with --dry-run the rendered verl config.
+Progress goes to stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TextIO
 
 import typer
 
 from agl_cli.cli_support import handle_errors
 
-ENV_KEYS = ("AGL_CHECKPOINT_DIR", "AGL_TRAIN_NODES", "AGL_GPUS_PER_NODE", "AGL_POLICY_PORT", "AGL_POLICY_URL",
-            "AGL_GATEWAY_URL", "AGL_HOME")
+ENV_KEYS = ("AGL_TRAIN_NODES", "AGL_GPUS_PER_NODE", "AGL_GATEWAY_URL", "AGL_HOME", "RAY_ADDRESS")
 STEP_KEYS = ("reward_mean", "pass_rate", "loss", "entropy", "kl", "grad_norm", "tokens_per_s", "rollouts_per_min",
              "trained_rollouts", "rollouts", "updated", "model_version", "checkpoint")
+# From verl's update and rollout correction: how far the sampled logprobs were from the actor's own.
+STEP_METRICS = ("ppo_kl", "rollout_corr_kl", "rollout_corr_rollout_is_mean", "training_rollout_probs_diff_mean")
 
 
 def step_row(record: Any) -> dict[str, Any]:
@@ -33,6 +39,10 @@ def step_row(record: Any) -> dict[str, Any]:
     for key in STEP_KEYS:
         value = getattr(record, key, None)
         row[key] = str(value) if isinstance(value, Path) else value
+    train = (getattr(record, "metrics", None) or {}).get("train") or {}
+    for key in STEP_METRICS:
+        if key in train:
+            row[key] = train[key]
     return row
 
 
@@ -40,61 +50,75 @@ def step_line(record: Any) -> str:
     return json.dumps(step_row(record), default=str, separators=(",", ":"))
 
 
-def _int_env(name: str, default: int) -> int:
-    from agl_cli.errors import ConfigError
-
-    text = os.environ.get(name)
+@contextlib.contextmanager
+def _stdout_for_data_only() -> Iterator[TextIO]:
+    """stdout carries only the step lines: verl prints to stdout and Ray forwards its workers' output there, so file
+    descriptor 1 (and sys.stdout) go to stderr meanwhile; the stream yielded writes to the real stdout."""
+    sys.stdout.flush()
+    data = os.fdopen(os.dup(1), "w", buffering=1)
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    previous, sys.stdout = sys.stdout, sys.stderr
     try:
-        return default if not text else int(text)
-    except ValueError:
-        raise ConfigError(f"${name} must be an integer, got {text!r}") from None
+        yield data
+    finally:
+        sys.stdout = previous
+        os.dup2(saved, 1)
+        os.close(saved)
+        data.close()
 
 
-def settings_for(spec: Any, options: Any, *, resume: bool, tensor_parallel: int, gpu_memory_utilization: float,
-                 lora_rank: int) -> Any:
-    from agl_cli.training import trained_upstream
-    from rl_backend.trainer.verl_backend.config import VerlSettings, model_path_for
+def _device(requested: str) -> str:
+    """auto: the GPUs when torch sees them (or a Ray cluster is named, whose workers have them), else the CPU."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("RAY_ADDRESS"):
+        return "cuda"
+    import importlib.util
 
-    upstream = spec.upstreams[trained_upstream(spec)]
-    return VerlSettings(
-        spec_name=spec.name, model_path=model_path_for(str(upstream.model), spec.base_dir), steps=options.steps,
-        tasks_per_step=options.tasks_per_step, group_size=options.group_size, lr=options.lr,
-        temperature=options.temperature, loss_agg=options.loss_agg, kl_coef=options.kl_coef,
-        lora_rank=lora_rank if options.lora else 0, tensor_parallel=tensor_parallel,
-        gpu_memory_utilization=gpu_memory_utilization, nnodes=_int_env("AGL_TRAIN_NODES", 1),
-        gpus_per_node=_int_env("AGL_GPUS_PER_NODE", 1),
-        checkpoint_dir=os.environ.get("AGL_CHECKPOINT_DIR") or str(Path(".agl") / "verl-checkpoints"),
-        keep_checkpoints=options.keep_checkpoints, resume=resume,
-    )
+    if importlib.util.find_spec("torch") is None:
+        return "cuda"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @handle_errors
 def verl_command(
     config: Annotated[Path, typer.Argument(help="The experiment spec (agl.yaml or its folder).")],
     backend: Annotated[str, typer.Option(help="verl (this command); torch is `agl train CONFIG`.")] = "verl",
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in $AGL_CHECKPOINT_DIR, if any.")] = False,  # noqa: E501
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the newest verl run of this spec from its newest checkpoint (a new run when there is none).")] = False,  # noqa: E501
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the verl config (validated against verl's schema) and exit.")] = False,  # noqa: E501
     steps: Annotated[int, typer.Option(help="Policy updates to make in all.")] = 8,
     tasks_per_step: Annotated[int, typer.Option(help="Training tasks per update.")] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per task per update (the GRPO group).")] = 4,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts.")] = 1.0,
-    lora: Annotated[bool, typer.Option(help="Train a LoRA adapter (hot-loaded into vLLM) instead of all weights.")] = False,  # noqa: E501
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora.")] = 16,
+    lora: Annotated[bool, typer.Option(help="Train a LoRA adapter instead of all weights.")] = False,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora (vLLM serves 1, 8, 16, 32, 64, 128, 256, 320, 512).")] = 16,  # noqa: E501
     loss_agg: Annotated[str, typer.Option(help="rollout, token-mean or seq-mean-token-mean.")] = "rollout",
-    kl_coef: Annotated[float, typer.Option(help="Weight of the KL penalty to the starting model.")] = 0.0,
-    tensor_parallel: Annotated[int, typer.Option(help="vLLM tensor parallel size of the policy server.")] = 1,
+    kl_coef: Annotated[float, typer.Option(help="Weight of the KL penalty to the starting model (with token-mean or seq-mean-token-mean).")] = 0.0,  # noqa: E501
+    loop: Annotated[str, typer.Option(help="sync (the verl backend trains synchronously).")] = "sync",
+    train_split: Annotated[str, typer.Option(help="The split trained on.")] = "train",
+    heldout_split: Annotated[str, typer.Option(help="The split judged on, before and after.")] = "val",
+    heldout_limit: Annotated[int, typer.Option(help="Held-out tasks evaluated before and after.")] = 40,
+    device: Annotated[str, typer.Option(help="cuda, cpu (slow: for trying the backend without a GPU) or auto (cuda when torch sees a GPU).")] = "auto",  # noqa: E501
+    policy_server: Annotated[str, typer.Option(help="What serves the policy: vllm, embedded (agl's own engine; the CPU's, or a GPU machine's without vLLM) or auto (vllm on cuda).")] = "auto",  # noqa: E501
+    tensor_parallel: Annotated[int, typer.Option(help="Tensor parallel size of each rollout server (one server per group of this many GPUs).")] = 1,  # noqa: E501
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory vLLM may take (the trainer shares the GPUs).")] = 0.4,  # noqa: E501
+    runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default $AGL_HOME/runs or .agl/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON document (config, settings, environment).")] = False,  # noqa: E501
 ) -> None:
-    """Train with verl on GPUs (the trainer image's entry point)."""
-    import sys
-
+    """Train with verl (its FSDP trainer and rollout servers): the trainer image's entry point."""
+    from agl_cli.commands.train_cmd import _new_run, finish_run, step_printer
     from agl_cli.console import print_json, stderr_console
-    from agl_cli.errors import ConfigError, UsageError
+    from agl_cli.errors import UsageError
+    from agl_cli.preflight import check_commands
     from agl_cli.spec import load_spec
+    from agl_cli.tasks import load_tasks, select_tasks
     from agl_cli.training import TrainOptions
-    from rl_backend.trainer.verl_backend.config import VerlConfigError, rendered_config
+    from agl_cli.verl_training import VerlTraining, newest_verl_run, render_config, verl_settings
+    from rl_backend.trainer.trackers import open_trackers
     from rl_backend.trainer.verl_backend.runtime import launch_hint, missing_requirements
 
     console = stderr_console()
@@ -102,15 +126,26 @@ def verl_command(
         raise UsageError(f"--backend {backend!r}: this is the verl backend; leave out --backend for torch")
     if group_size < 2:
         raise UsageError("--group-size must be at least 2: a group of one rollout has no advantage to learn from")
+    for name, value in (("--steps", steps), ("--tasks-per-step", tasks_per_step), ("--heldout-limit", heldout_limit)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if loop != "sync":
+        raise UsageError(f"--loop {loop!r}: the verl backend trains with the sync loop (collect a batch, update, "
+                         "sync the weights); collocated-async is the torch backend's")
+    if device not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"--device {device!r}: use auto, cuda or cpu")
+    if policy_server not in ("auto", "vllm", "embedded"):
+        raise UsageError(f"--policy-server {policy_server!r}: use auto, vllm or embedded")
     spec = load_spec(config)
     options = TrainOptions(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
-                           temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef, backend="verl")
-    settings = settings_for(spec, options, resume=resume, tensor_parallel=tensor_parallel,
-                            gpu_memory_utilization=gpu_memory_utilization, lora_rank=lora_rank)
-    try:
-        text, full = rendered_config(settings)
-    except VerlConfigError as exc:
-        raise ConfigError(str(exc)) from None
+                           temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef,
+                           train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit,
+                           loop=loop, backend="verl")
+    chosen = "cuda" if dry_run and device == "auto" else _device(device)
+    server = policy_server if policy_server != "auto" else "vllm" if chosen == "cuda" else "embedded"
+    settings = verl_settings(spec, options, device=chosen, policy_server=server, tensor_parallel=tensor_parallel,
+                             gpu_memory_utilization=gpu_memory_utilization, lora_rank=lora_rank)
+    text, full = render_config(settings)
     if dry_run:
         if json_output:
             from omegaconf import OmegaConf
@@ -122,11 +157,37 @@ def verl_command(
             sys.stdout.write(text)
         console.print("verl config rendered and validated against verl's schema; nothing was launched (--dry-run)")
         return
-    missing = missing_requirements()
+    missing = missing_requirements(chosen, server)
     if missing:
         raise UsageError(f"the verl backend cannot launch here: missing {', '.join(missing)}",
-                         hint=launch_hint(str(config)))
-    from rl_backend.trainer.verl_backend.launch import run_on_gpus  # pragma: no cover - needs CUDA and vLLM
+                         hint=launch_hint(str(config), chosen))
+    spec_path = config / "agl.yaml" if config.is_dir() else config
+    check_commands(spec, spec_path=spec_path)  # an agent or grader that cannot start fails before Ray does
+    run = newest_verl_run(spec_path, runs_dir) if resume else None
+    if run is None:
+        run = _new_run(config, options, runs_dir)[1]
+    else:
+        console.print(f"resuming training run {run.run_id}")
+    tasks = load_tasks(spec)
+    training = VerlTraining(spec, run, options, select_tasks(tasks, split=options.train_split, limit=None),
+                            select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit),
+                            log=console.print, verl_config=full, settings=settings)
+    tracking = open_trackers([], run_dir=run.path, run_id=run.run_id, name=run.run_id, config={})
+    printer = step_printer(console, tracking)
+    # One process at a time trains this run (a second is refused with this one's pid); stdout carries data only.
+    with run.hold(), _stdout_for_data_only() as data:
 
-    run_on_gpus(config, spec, options, settings, full, log=console.print,
-                on_step=lambda record: print(step_line(record), flush=True))
+        def on_step(record: Any) -> None:
+            printer(record)
+            data.write(step_line(record) + "\n")
+
+        try:
+            outcome = training.run(on_step)
+        except KeyboardInterrupt:
+            console.print(f"interrupted; continue with: agl train {config} --backend verl --resume")
+            raise typer.Exit(130) from None
+        result = finish_run(run, outcome)
+        comparison = result["comparison"]
+        console.print(comparison["sentence"] if comparison else "no held-out rollout finished: nothing to compare",
+                      markup=False)
+        data.write(json.dumps({"result": result}, default=str, separators=(",", ":")) + "\n")

@@ -8,6 +8,9 @@
 - `POST /admin/rollouts` {rollout_id, knobs?} -> {token, openai_base_url, anthropic_base_url, reward_url,
   registered_at}: admit a rollout (idempotent: the same id with the same knobs gets the same token back; other knobs
   are a 409). `registered_at` is this gateway's clock, for `since` below.
+- `PUT /admin/upstreams/<name>/endpoints` {base_urls, model?}: where the servers of the policy being trained are
+  (verl's rollout replicas, known only once the trainer has started them); 400 for an upstream that does not take
+  registered endpoints.
 - `DELETE /admin/rollouts/<rid>`: the rollout's token stops working (its calls already in flight finish); 404 when it
   is not registered.
 - `GET /admin/rollouts/<rid>/calls[?since=<epoch s>]` -> {rollout_id, calls, reward}: the rollout's recorded calls
@@ -64,6 +67,7 @@ class AdminAPI:
             Route("/admin/rollouts", self.register, methods=["POST"]),
             Route("/admin/rollouts/{rid}", self.unregister, methods=["DELETE"]),
             Route("/admin/rollouts/{rid}/calls", self.calls, methods=["GET"]),
+            Route("/admin/upstreams/{name}/endpoints", self.endpoints, methods=["PUT"]),
         ]
 
     def _guard(self, request: Request) -> None:
@@ -166,6 +170,25 @@ class AdminAPI:
                 "registered_at": self._registered_at.get(rollout_id),
             },
         )
+
+    async def endpoints(self, request: Request) -> Response:
+        try:
+            self._guard(request)
+            body = await self._body(request)
+            urls = body.get("base_urls")
+            if (not isinstance(urls, list) or not urls or len(urls) > 1024
+                    or not all(isinstance(u, str) and u.startswith(("http://", "https://")) and len(u) < 2048
+                               for u in urls)):
+                raise GatewayError(400, "`base_urls` must be a non-empty list of http(s) URLs", param="base_urls")
+            check_optional(body, "model", "string")
+            try:
+                self.gateway.set_endpoints(request.path_params["name"], list(urls), body.get("model"))
+            except ValueError as exc:
+                raise GatewayError(400, str(exc), param="name") from None
+        except GatewayError as exc:
+            return error_response(exc, "openai")
+        return json_response(200, {"upstream": request.path_params["name"], "base_urls": urls,
+                                   "model": body.get("model")})
 
     async def unregister(self, request: Request) -> Response:
         rollout_id = request.path_params["rid"]

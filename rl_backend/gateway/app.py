@@ -159,6 +159,15 @@ class Gateway:
             self.state.model_version = model_version
         self.state.paused = False
 
+    def set_model_version(self, model_version: str) -> None:
+        """Later records carry `model_version` (for upstreams whose responses name none, such as vLLM)."""
+        self.state.model_version = model_version
+
+    def set_endpoints(self, upstream: str, base_urls: list[str], model: str | None = None) -> None:
+        """Where the servers of a `registered_later` upstream (the policy a trainer trains) now are: the next call
+        goes there. Raises ValueError for another upstream or no URL."""
+        self.router.set_endpoints(upstream, base_urls, model)
+
     @property
     def spend_limit(self) -> SpendLimit | None:
         return self.services.spend

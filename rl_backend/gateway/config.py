@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible", "replay"]
+# The key the servers of a trained policy require when set (the trainer gives it to them; the gateway sends it).
+POLICY_KEY_ENV = "AGL_POLICY_API_KEY"
 
 
 class UpstreamSpec(BaseModel):
@@ -108,3 +110,8 @@ class ResolvedUpstream(BaseModel):
     # Whether calls cost nothing per token (a model we serve ourselves). None: decided by the gateway, which counts
     # upstreams that return token ids or live on a loopback address as free, and prices the rest from its table.
     free: bool | None = None
+    # The policy a verl trainer trains: its servers are verl's rollout replicas, which exist only once the trainer has
+    # started them; they are registered then (Gateway.set_endpoints) and calls get 503 until they are.
+    registered_later: bool = False
+    # The model name every call to this upstream carries (the name the registered servers answer to).
+    serve_as: str | None = None

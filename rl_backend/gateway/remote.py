@@ -126,6 +126,20 @@ class RemoteGateway:
     def resume(self, model_version: str | None = None) -> None:
         self._request("POST", "/admin/resume", json={} if model_version is None else {"model_version": model_version})
 
+    def set_model_version(self, model_version: str) -> None:
+        """Later records carry `model_version` (POST /admin/resume with it; nothing is paused between sync steps)."""
+        self.resume(model_version)
+
+    def set_endpoints(self, upstream: str, base_urls: list[str], model: str | None = None) -> None:
+        """Where the servers of the policy being trained are (PUT /admin/upstreams/<name>/endpoints); ValueError when
+        that gateway's upstream does not take registered endpoints."""
+        body: dict[str, Any] = {"base_urls": list(base_urls)}
+        if model is not None:
+            body["model"] = model
+        response = self._request("PUT", f"/admin/upstreams/{upstream}/endpoints", ok=(200, 400), json=body)
+        if response.status_code == 400:
+            raise ValueError(_error_message(response))
+
     @property
     def in_flight(self) -> int:
         return int(self.state()["in_flight"])

@@ -39,7 +39,7 @@ class Router:
         if not upstreams:
             raise ValueError("the gateway needs at least one upstream")
         for name, up in upstreams.items():
-            if not up.base_urls:
+            if not up.base_urls and not up.registered_later:
                 raise ValueError(f"upstream {name!r} has no base URL")
         self.upstreams = dict(upstreams)
         self.default_model = default_model
@@ -57,6 +57,19 @@ class Router:
 
     def known(self) -> list[str]:
         return sorted(self.upstreams)
+
+    def set_endpoints(self, name: str, base_urls: list[str], model: str | None = None) -> ResolvedUpstream:
+        """Serve upstream `name` (one that is `registered_later`) from `base_urls` from the next call on, every call
+        asking for `model` when given. Calls in flight finish where they are."""
+        upstream = self.upstreams.get(name)
+        if upstream is None or not upstream.registered_later:
+            later = sorted(n for n, u in self.upstreams.items() if u.registered_later)
+            raise ValueError(f"upstream {name!r} does not take registered endpoints (those that do: {later or 'none'})")
+        if not base_urls:
+            raise ValueError("give at least one base URL")
+        updated = upstream.model_copy(update={"base_urls": list(base_urls), "serve_as": model or upstream.serve_as})
+        self.upstreams[name] = updated
+        return updated
 
     def resolve(self, request_model: str | None, knob_model: str | None, rollout_id: str) -> Route:
         if knob_model is not None:
@@ -78,8 +91,16 @@ class Router:
                     param="model",
                     code="model_not_found",
                 )
+        if not upstream.base_urls:
+            raise GatewayError(
+                503,
+                f"upstream {upstream.name!r} is the model being trained, and its servers have not registered yet "
+                "(the trainer registers them once they are up): retry shortly",
+                code="upstream_not_ready",
+                headers={"retry-after": "5"},
+            )
         # A bare upstream name as the default: that upstream's own default model, else the name the agent used.
-        model = model or upstream.default_model or request_model
+        model = upstream.serve_as or model or upstream.default_model or request_model
         if not model:
             raise GatewayError(400, f"no model name to send to upstream {upstream.name!r}: give `model`", param="model")
         return Route(upstream, model, replica_index(rollout_id, len(upstream.base_urls)), kind)

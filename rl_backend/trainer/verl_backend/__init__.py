@@ -1,14 +1,18 @@
-"""The `verl` training backend: the same trajectories, advantages and rollout-normalized loss as the torch backend,
-trained by verl's FSDP engine on GPUs, with the policy served by a vLLM OpenAI server the trainer starts.
+"""The `verl` training backend: verl's own trainer (Ray workers, FSDP engine, rollout servers, weight sync,
+checkpoints) making the updates, on the same trajectories, advantages and rollout-normalized loss as the torch backend.
 
-- config.py    verl's trainer config rendered from agl.yaml + TrainOptions (templates/verl/), validated against
-               verl's packaged defaults and config dataclasses on any machine (no GPU needed)
-- data.py      training rows (rl_backend.trainer.batch) <-> `verl.DataProto` with the keys verl's actor reads
-- loss.py      the `agl_rollout` policy loss, registered in verl's policy-loss registry
-- runtime.py   what a GPU launch needs (CUDA, vLLM, Ray) and the message when it is missing
-- policy.py    the vLLM OpenAI server the gateway forwards to (AGL_POLICY_URL), and pushing new weights to it
-- driver.py    the GPU loop: rollouts through the gateway -> verl update -> weights to vLLM (needs CUDA; untested
-               here for lack of a GPU)
+- config.py          VerlSettings (what of agl's options reaches verl) and the check of the rendered config
+                     (templates/verl/) against verl's packaged defaults and config dataclasses, on any machine
+- trainer.py         AglPPOTrainer (verl's RayPPOTrainer, fed agl's rollouts) and the VerlTrainer / VerlWeightSink
+                     adapters agl's TrainingLoop drives
+- data.py            training rows (rl_backend.trainer.batch) <-> `verl.DataProto`
+- loss.py            the `agl_rollout` policy loss, registered in verl's policy-loss registry
+- embedded_policy.py agl's embedded engine as a verl rollout backend (`agl_embedded`): the policy server on a CPU
+- cpu.py             a `cpu` platform for verl's platform registry, and verl's FSDP engine registered for it
+- plugins.py         what every verl process registers (the Ray workers' setup hook)
+- worker.py          verl's ActorRolloutRefWorker, joining a gloo process group first on the CPU
+- export.py          the trained model (and LoRA adapter) out of verl's checkpoint
+- runtime.py         what a launch needs (verl, Ray, vLLM and CUDA for GPUs) and the message when it is missing
 
-Nothing here imports torch or verl at module level except data.py and loss.py, which the GPU path and the tests load.
+Nothing here imports torch or verl at module level except data.py, worker.py and the modules they are loaded from.
 """

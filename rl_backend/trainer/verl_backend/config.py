@@ -1,41 +1,48 @@
-"""verl's trainer config for `agl train --backend verl`: rendered from agl.yaml and the train options through
-templates/verl/ppo_trainer.yaml.j2, then checked against verl's own schema before anything is launched.
+"""verl's trainer config for `agl train --backend verl`: the settings agl derives from agl.yaml and the train options,
+and the check of the rendered config against verl's own schema before anything is launched.
 
-The check merges the rendered overrides onto verl's packaged defaults (trainer/config/_generated_ppo_trainer.yaml) in
-OmegaConf struct mode, so a key verl does not have is an error, then instantiates verl's config dataclasses for the
-actor, the rollout and the algorithm (their `__post_init__` checks run: batch sizes, loss aggregation modes...), and
-checks that the policy loss is in verl's registry. All of it runs on a CPU: a typo fails here, not on the GPU.
+agl_cli renders templates/verl/ppo_trainer.yaml.j2 from a `VerlSettings`; `validate` merges the result onto verl's
+packaged defaults (trainer/config/_generated_ppo_trainer.yaml) in OmegaConf struct mode, so a key verl does not
+have is an error, then instantiates verl's config dataclasses for the actor, the rollout and the rollout correction
+(their `__post_init__` checks run) and checks that the policy loss is in verl's registry. All of it runs
+on a CPU: a typo fails here, not on the GPU.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rl_backend.trainer.verl_backend.loss import ROLLOUT_LOSS, register
+
 TEMPLATE = "verl/ppo_trainer.yaml.j2"
-# agl's rollout normalization, as a verl policy loss (loss.py): advantages arrive pre-weighted, summed over tokens.
-ROLLOUT_LOSS = "agl_rollout"
-# A known model name of the embedded server -> the Hugging Face repository vLLM and verl load it from.
-HF_NAMES = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+# vLLM's --max-lora-rank accepts only these.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEVICES = ("cuda", "cpu")
+POLICY_SERVERS = ("vllm", "embedded")
 
 
 class VerlConfigError(ValueError):
     """The verl config agl rendered (or the options it came from) is not one verl accepts; the message says why."""
 
 
+def default_attention() -> str:
+    """flash_attention_2 when flash-attn imports (verl's default), else PyTorch's SDPA, which needs nothing else."""
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
 @dataclass(frozen=True)
 class VerlSettings:
-    """Everything the template reads; one place that says what of agl's options reaches verl."""
+    """Everything the template reads: one place that says what of agl's options reaches verl."""
 
     spec_name: str
     model_path: str
     steps: int = 8
-    tasks_per_step: int = 4
-    group_size: int = 4
     lr: float = 1e-5
-    temperature: float = 1.0
     loss_agg: str = "rollout"
     kl_coef: float = 0.0
     clip_ratio: float = 0.2
@@ -47,12 +54,15 @@ class VerlSettings:
     max_prompt_length: int = 4096
     max_response_length: int = 2048
     tensor_parallel: int = 1
-    gpu_memory_utilization: float = 0.4  # the policy server shares the GPUs with the FSDP trainer
+    gpu_memory_utilization: float = 0.4  # the rollout servers share the GPUs with the FSDP trainer
     nnodes: int = 1
     gpus_per_node: int = 1
-    checkpoint_dir: str = "checkpoints"
-    keep_checkpoints: int = 2
-    resume: bool = False
+    device: str = "cuda"  # cuda or cpu (CI, and machines without a GPU)
+    # What serves the policy: vllm (GPUs), or agl's embedded engine (the CPU's, and a GPU machine without vLLM).
+    policy_server: str = "vllm"
+    attn_implementation: str = "sdpa"
+    rollout_is: str | None = "token"  # verl's rollout correction: truncated importance weights per token
+    rollout_is_threshold: float = 2.0
 
     @property
     def policy_loss(self) -> str:
@@ -61,6 +71,29 @@ class VerlSettings:
     @property
     def verl_loss_agg_mode(self) -> str:
         return "token-sum" if self.loss_agg == "rollout" else self.loss_agg
+
+    @property
+    def rollout_name(self) -> str:
+        """verl's rollout backend: vLLM, or agl's embedded engine (embedded_policy.py)."""
+        from rl_backend.trainer.verl_backend.embedded_policy import ROLLOUT_NAME
+
+        return "vllm" if self.policy_server == "vllm" else ROLLOUT_NAME
+
+    @property
+    def lora_merge(self) -> bool:
+        """vLLM's OpenAI server (what the gateway calls) cannot select an adapter verl loads into its engine, so on
+        GPUs the adapter is merged into the weights verl syncs; the embedded server takes the adapter itself."""
+        return self.rollout_name == "vllm"
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @property
+    def ray_num_cpus(self) -> int | None:
+        """A local Ray on a CPU gets room for the worker, the rollout server and verl's router (Ray's own count of
+        cores is too small for them on a 2-core machine); on GPUs Ray counts the machine."""
+        return max(4, os.cpu_count() or 1) if self.device == "cpu" else None
 
     def check(self) -> None:
         """What verl's dataclasses cannot know about agl's options."""
@@ -71,33 +104,30 @@ class VerlSettings:
             # weights, which would make the KL dwarf the policy loss.
             raise VerlConfigError("--kl-coef > 0 with --loss-agg rollout is not supported by the verl backend: use "
                                   "--kl-coef 0, or --loss-agg token-mean with a KL penalty")
+        if self.device not in DEVICES:
+            raise VerlConfigError(f"device {self.device!r}: use one of {', '.join(DEVICES)}")
         if self.gpus_per_node < 1 or self.nnodes < 1:
             raise VerlConfigError(f"need at least one GPU on one node, got {self.nnodes} x {self.gpus_per_node}")
         if self.gpus_per_node % self.tensor_parallel:
             raise VerlConfigError(f"tensor parallel size {self.tensor_parallel} must divide the {self.gpus_per_node} "
                                   "GPUs per node")
+        if self.policy_server not in POLICY_SERVERS:
+            raise VerlConfigError(f"policy server {self.policy_server!r}: use one of {', '.join(POLICY_SERVERS)}")
+        if self.device == "cpu" and self.policy_server != "embedded":
+            raise VerlConfigError("vLLM needs CUDA: on a CPU the embedded engine serves the policy (--policy-server "
+                                  "embedded)")
+        if self.policy_server == "embedded" and self.tensor_parallel != 1:
+            raise VerlConfigError("the embedded policy server has no tensor parallelism: use --tensor-parallel 1")
+        if self.lora_rank and self.rollout_name == "vllm" and self.lora_rank not in VLLM_LORA_RANKS:
+            raise VerlConfigError(f"LoRA rank {self.lora_rank}: vLLM serves only ranks "
+                                  f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+        if self.lora_rank < 0:
+            raise VerlConfigError(f"LoRA rank must be positive, got {self.lora_rank}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise VerlConfigError(f"gpu_memory_utilization {self.gpu_memory_utilization} must be in [0.05, 0.95]")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def model_path_for(model: str, base_dir: Path) -> str:
-    """What vLLM and verl load: a local directory (relative to agl.yaml's folder), a known name's Hugging Face
-    repository, or the name as given (a Hugging Face repository id, fetched into HF_HOME)."""
-    local = (base_dir / model).expanduser()
-    if local.is_dir():
-        return str(local.resolve())
-    return HF_NAMES.get(model, model)
-
-
-def render(settings: VerlSettings) -> str:
-    """The YAML overrides agl hands verl (not yet checked: see `validate`)."""
-    from agl_cli.templates import render as render_template
-
-    settings.check()
-    return render_template(TEMPLATE, s=settings, verl_version=verl_version())
+        return {**asdict(self), "rollout_name": self.rollout_name, "lora_merge": self.lora_merge}
 
 
 def verl_version() -> str:
@@ -122,52 +152,59 @@ def defaults() -> Any:
 
 def validate(rendered: str, settings: VerlSettings) -> Any:
     """The full verl config (DictConfig): defaults + `rendered`, with verl's dataclasses built from it."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    settings.check()
     base = defaults()
     OmegaConf.set_struct(base, True)
+    # Free-form in verl: Hugging Face config overrides (agl sets the attention implementation there).
+    OmegaConf.set_struct(base.actor_rollout_ref.model.override_config, False)
+    # A field of verl's FSDPEngineConfig that its packaged YAML leaves out (None: bfloat16 parameters).
+    with open_dict(base.actor_rollout_ref.actor.fsdp_config):
+        base.actor_rollout_ref.actor.fsdp_config.mixed_precision = None
     try:
         merged = OmegaConf.merge(base, OmegaConf.create(rendered))
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or ""
         raise VerlConfigError(f"verl has no config key {key!r} (templates/verl/ppo_trainer.yaml.j2): "
                               f"{str(exc).splitlines()[0]}") from None
-    _check_dataclasses(merged, settings)
+    _check_dataclasses(merged)
     return merged
 
 
-def _check_dataclasses(cfg: Any, settings: VerlSettings) -> None:
-    from rl_backend.trainer.verl_backend.loss import register
+def _check_dataclasses(cfg: Any) -> None:
     from rl_backend.trainer.verl_compat import verl
 
     register()
     from verl.utils.config import omega_conf_to_dataclass
 
     built: dict[str, Any] = {}
-    for where in ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm"):
+    # Not the model's config: building verl's HFModelConfig reads the model's own files (from the Hub for a repository
+    # id), which a dry run on a laptop for a GPU cluster must not need.
+    for where in ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rollout_correction"):
         node = cfg
         for part in where.split("."):
             node = node[part]
         try:
-            built[where] = omega_conf_to_dataclass(node)
+            built[where] = omega_conf_to_dataclass(node) if "_target_" in node else node
         except Exception as exc:  # noqa: BLE001 - hydra wraps verl's own checks; their message is what to fix
             cause = exc.__cause__ or exc
             raise VerlConfigError(f"verl rejects `{where}`: {cause}") from None
-    actor = built["actor_rollout_ref.actor"]
-    try:
-        # The actor's own runtime check: the mini-batch (in prompts) against the batch per step.
-        actor.validate(settings.nnodes * settings.gpus_per_node, cfg.data.train_batch_size)
-    except (ValueError, AssertionError) as exc:
-        raise VerlConfigError(f"verl rejects the actor's batch sizes: {exc}") from None
-    loss_mode = actor.policy_loss.loss_mode
+    loss_mode = built["actor_rollout_ref.actor"].policy_loss.loss_mode
     if loss_mode not in verl().core_algos.POLICY_LOSS_REGISTRY:
         raise VerlConfigError(f"policy loss {loss_mode!r} is not in verl's registry")
-    if cfg.algorithm.adv_estimator != "grpo":
-        raise VerlConfigError("agl computes GRPO advantages per rollout: algorithm.adv_estimator must be grpo")
 
 
-def rendered_config(settings: VerlSettings) -> tuple[str, Any]:
-    """(the YAML overrides, the validated full config)."""
-    text = render(settings)
-    return text, validate(text, settings)
+def model_path_for(model: str, base_dir: Path) -> str:
+    """What verl (and vLLM) load: a local directory (relative to agl.yaml's folder), a known name's local copy (the
+    same weights `agl eval` serves, converted once from the packaged GGUF; nothing is downloaded), or the name as
+    given (a Hugging Face repository id, fetched into HF_HOME on the trainer)."""
+    local = (base_dir / model).expanduser()
+    if local.is_dir():
+        return str(local.resolve())
+    from rl_backend.serving.model_store import KNOWN_MODELS, resolve_model_dir
+
+    if model in KNOWN_MODELS:
+        return str(resolve_model_dir(model))
+    return model

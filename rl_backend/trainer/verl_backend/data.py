@@ -3,14 +3,20 @@
 verl's actor reads a batch of prompt/response pairs: `prompts` [B, P] left-padded, `responses` [B, R] right-padded,
 `input_ids` = prompts ++ responses, `attention_mask` and `position_ids` over both, `response_mask` [B, R] (1 where the
 model sampled the token: verl's multi-turn agent loop marks tool output inside the response with 0, as agl's loss
-mask does), `old_log_probs` and `advantages` [B, R]. A row of agl becomes one pair: the prompt is everything before
-its first trained token, the response the rest, its loss mask the response mask.
+mask does) and `advantages` [B, R]. A row of agl becomes one pair: the prompt is everything before its first trained
+token, the response the rest, its loss mask the response mask.
+
+The logprobs the gateway recorded while sampling go in `rollout_log_probs`: verl recomputes `old_log_probs` with
+the actor itself and corrects for the difference (its rollout correction), as it does for its own rollouts. Tokens
+whose logprob was not recorded are flagged in `agl_recompute` (their rollout logprob is set to the recomputed one
+once that exists, see `fill_unrecorded`).
 
 `advantages` carries what the policy loss is fed: Â = A_r · w under rollout normalization (see loss.py), A_r
-otherwise, zero outside the response mask. Old logprobs the gateway did not record (NaN in the row) are 0 in
-`old_log_probs` and flagged in `agl_recompute`: the driver fills them from the actor before the update, as the torch
-backend does. What verl does not read rides along for the way back, exactly: the rollout id, A_r and w per row
-(`non_tensor_batch`, float64), and the batch totals (`meta_info`). Logprobs are float32 on both backends.
+otherwise, zero outside the response mask. What verl does not read rides along for the way back, exactly: the rollout
+id, A_r and w per row (`non_tensor_batch`, float64), and the batch totals (`meta_info`). Logprobs are float32.
+
+Every data-parallel rank must get the same number of rows: `pad_rows` adds rows with an empty response mask, which
+train nothing and count no token (verl counts trained tokens from the response mask).
 """
 
 from __future__ import annotations
@@ -25,9 +31,13 @@ import torch
 from rl_backend.trainer.batch import TrainRow, _totals
 
 RECOMPUTE = "agl_recompute"
+ROLLOUT_LOGPROBS = "rollout_log_probs"
+PADDING_ID = "agl-padding"
 
 
 def _first_trained(row: TrainRow) -> int:
+    if row.rollout_id == PADDING_ID:
+        return 1  # one prompt token, one response token that is not trained
     for i, m in enumerate(row.loss_mask):
         if m:
             if i == 0:
@@ -53,7 +63,7 @@ def to_data_proto(rows: Sequence[TrainRow], *, pad_id: int, loss_agg: str = "rol
     responses = torch.full((n, width_r), pad_id, dtype=torch.long)
     response_attn = torch.zeros((n, width_r), dtype=torch.long)
     response_mask = torch.zeros((n, width_r), dtype=torch.long)
-    old = torch.zeros((n, width_r), dtype=torch.float32)
+    recorded = torch.zeros((n, width_r), dtype=torch.float32)
     recompute = torch.zeros((n, width_r), dtype=torch.bool)
     advantages = torch.zeros((n, width_r), dtype=torch.float32)
     for i, (row, cut) in enumerate(zip(rows, cuts, strict=True)):
@@ -67,7 +77,7 @@ def to_data_proto(rows: Sequence[TrainRow], *, pad_id: int, loss_agg: str = "rol
         response_mask[i, :k] = mask
         logprobs = row.old_logprobs[cut:]
         recompute[i, :k] = torch.tensor([math.isnan(x) for x in logprobs]) & (mask > 0)
-        old[i, :k] = torch.tensor([0.0 if math.isnan(x) else x for x in logprobs], dtype=torch.float32)
+        recorded[i, :k] = torch.tensor([0.0 if math.isnan(x) else x for x in logprobs], dtype=torch.float32)
         fed = row.advantage * row.weight if loss_agg == "rollout" else row.advantage
         advantages[i, :k] = fed * mask.float()
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
@@ -81,7 +91,7 @@ def to_data_proto(rows: Sequence[TrainRow], *, pad_id: int, loss_agg: str = "rol
             "prompts": prompts, "responses": responses,
             "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
             "position_ids": compute_position_id_with_mask(attention_mask),
-            "response_mask": response_mask, "old_log_probs": old, "advantages": advantages, RECOMPUTE: recompute,
+            "response_mask": response_mask, ROLLOUT_LOGPROBS: recorded, "advantages": advantages, RECOMPUTE: recompute,
         },
         non_tensors={
             "rollout_id": np.array([r.rollout_id for r in rows], dtype=object),
@@ -101,7 +111,7 @@ def from_data_proto(data: Any) -> list[TrainRow]:
         r_keep = batch["attention_mask"][i, batch["prompts"].shape[1]:].bool()
         prompt = batch["prompts"][i][p_keep].tolist()
         response = batch["responses"][i][r_keep].tolist()
-        old = batch["old_log_probs"][i][r_keep].tolist()
+        old = batch[ROLLOUT_LOGPROBS][i][r_keep].tolist()
         missing = batch[RECOMPUTE][i][r_keep].tolist()
         rows.append(TrainRow(
             rollout_id=str(extra["rollout_id"][i]),
@@ -112,6 +122,24 @@ def from_data_proto(data: Any) -> list[TrainRow]:
             weight=float(extra["agl_weight"][i]),
         ))
     return rows
+
+
+def pad_rows(rows: Sequence[TrainRow], multiple: int, pad_id: int) -> list[TrainRow]:
+    """`rows` plus rows that train nothing (an empty loss mask after a one-token prompt), up to a multiple of
+    `multiple` rows: every data-parallel rank gets the same number, and padding adds no trained token."""
+    out = list(rows)
+    while len(out) % max(1, multiple):
+        out.append(TrainRow(PADDING_ID, [pad_id, pad_id], [0, 0], [0.0, 0.0], 0.0, 0.0))
+    return out
+
+
+def fill_unrecorded(data: Any) -> int:
+    """Where the gateway recorded no logprob, take the actor's recomputed one as the rollout's (so the rollout
+    correction weighs that token 1); returns how many tokens were filled. Needs `old_log_probs` in the batch."""
+    batch = data.batch
+    missing = batch[RECOMPUTE].bool()
+    batch[ROLLOUT_LOGPROBS] = torch.where(missing, batch["old_log_probs"], batch[ROLLOUT_LOGPROBS])
+    return int(missing.sum())
 
 
 def _number(value: Any) -> float | None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from rl_backend.trainer.verl_backend.config import ROLLOUT_LOSS
+# agl's rollout normalization, as a verl policy loss: advantages arrive pre-weighted, summed over tokens.
+ROLLOUT_LOSS = "agl_rollout"
 
 
 @functools.cache

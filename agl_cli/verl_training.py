@@ -1,0 +1,119 @@
+"""`agl train --backend verl`: the same training run as the torch backend's (agl_cli/training.py), with verl's
+trainer making the updates and verl's rollout servers serving the policy.
+
+What differs from the torch backend is only the backend: `VerlTrainer` (rl_backend/trainer/verl_backend/trainer.py)
+starts verl's workers and rollout servers, the gateway is told where those servers are (in-process, or the deployed
+gateway's admin API in a cluster), verl syncs new weights into them, and the trained model is exported from verl's
+checkpoint. Rollouts, trajectories, advantages, step rows, the before/after comparison and kill/resume are the
+run's, as for the torch backend.
+
+The run lives under the runs folder (AGL_HOME; in a cluster, on the checkpoint volume): `--resume` continues the
+newest verl run of the same spec, from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agl_cli.errors import ConfigError
+from agl_cli.rundir import RunDir
+from agl_cli.spec import ExperimentSpec
+from agl_cli.stack import Stack
+from agl_cli.training import Trainer, TrainOptions, trained_upstream
+
+TRAINED_ADAPTER_DIR = "trained-adapter"
+
+
+def _int_env(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    try:
+        return default if not text else int(text)
+    except ValueError:
+        raise ConfigError(f"${name} must be an integer, got {text!r}") from None
+
+
+def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, policy_server: str,
+                  tensor_parallel: int, gpu_memory_utilization: float, lora_rank: int) -> Any:
+    """The VerlSettings of this spec and these options (the GPU topology from the environment a cluster gives the
+    trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE)."""
+    from rl_backend.trainer.verl_backend.config import VerlSettings, default_attention, model_path_for
+
+    upstream = spec.upstreams[trained_upstream(spec)]
+    return VerlSettings(
+        spec_name=spec.name, model_path=model_path_for(str(upstream.model), spec.base_dir), steps=options.steps,
+        lr=options.lr, loss_agg=options.loss_agg, kl_coef=options.kl_coef,
+        lora_rank=lora_rank if options.lora else 0, tensor_parallel=tensor_parallel,
+        gpu_memory_utilization=gpu_memory_utilization, nnodes=_int_env("AGL_TRAIN_NODES", 1),
+        gpus_per_node=_int_env("AGL_GPUS_PER_NODE", 1), device=device, policy_server=policy_server,
+        attn_implementation=default_attention(),
+    )
+
+
+def render_config(settings: Any) -> tuple[str, Any]:
+    """(the YAML overrides agl hands verl, the full config validated against verl's schema)."""
+    from agl_cli.templates import render
+    from rl_backend.trainer.verl_backend.config import TEMPLATE, VerlConfigError, validate, verl_version
+
+    try:
+        settings.check()
+        text = render(TEMPLATE, s=settings, verl_version=verl_version())
+        return text, validate(text, settings)
+    except VerlConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def newest_verl_run(spec_path: Path, runs_dir: Path | None) -> RunDir | None:
+    """The newest verl training run of the spec at `spec_path`, if any (what `--resume` continues)."""
+    from agl_cli.rundir import runs_root
+
+    wanted = str(spec_path.resolve())
+    for folder in sorted(runs_root(runs_dir).glob("*"), reverse=True):  # run ids sort by time
+        if not (folder / "manifest.json").is_file():
+            continue
+        run = RunDir(folder)
+        manifest = run.manifest()
+        if (manifest.get("kind") == "train" and manifest.get("spec_path") == wanted
+                and (manifest.get("options") or {}).get("backend") == "verl"):
+            return run
+    return None
+
+
+class VerlTraining(Trainer):
+    """A training run whose trainer is verl's (see the module docstring)."""
+
+    policy_served_by_trainer = True
+
+    def __init__(self, *args: Any, verl_config: Any, settings: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.verl_config, self.settings = verl_config, settings
+        self._verl: Any = None
+
+    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[Any, Any]:
+        from rl_backend.trainer.loop import latest_checkpoint
+        from rl_backend.trainer.verl_backend.trainer import VerlLaunchError, VerlTrainer, VerlWeightSink
+
+        resume_from = latest_checkpoint(checkpoints)
+        self.log(f"starting verl ({self.settings.device}, {self.settings.world_size} device(s), rollout servers: "
+                 f"{self.settings.rollout_name})" + (f"; resuming from {resume_from.name}" if resume_from else ""))
+        self._verl = VerlTrainer(self.verl_config, self.settings, log_fn=self.log)
+        try:
+            addresses = self._verl.start(resume_from=resume_from)
+        except VerlLaunchError as exc:
+            raise ConfigError(str(exc)) from None
+        urls = [f"http://{address}/v1" for address in addresses]
+        stack.set_endpoints(self.upstream, urls, self._verl.served_model)
+        self.log(f"the policy ({self.upstream!r}) is served by {len(urls)} rollout server(s): {', '.join(urls)}")
+        return self._verl, VerlWeightSink(self._verl, on_version=stack.set_model_version)
+
+    def _stop_backend(self) -> None:
+        if self._verl is not None:
+            self._verl.close()
+
+    def _export(self, final: Path) -> dict[str, str]:
+        from agl_cli.training import TRAINED_DIR
+        from rl_backend.trainer.verl_backend.export import export_trained
+
+        adapter = self.run_dir.path / TRAINED_ADAPTER_DIR if self.settings.lora_rank else None
+        return export_trained(final / "actor", self.run_dir.path / TRAINED_DIR, adapter)
