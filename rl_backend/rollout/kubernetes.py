@@ -5,8 +5,8 @@ of the creation rate limit, and creates it under a name derived from (run, rollo
 and adopts the existing Job. One shared list+watch (k8s_watch.JobWatcher) reports the Job's states; the rollout
 ends on the Job's Complete or Failed condition, on its disappearance, or — if the cluster never ends it —
 `deadline_grace_s` after its activeDeadlineSeconds, when agl deletes it itself. Then the pod's exit code and log
-are read: the wrapper script prints the output file at the end of the log (k8s_output), and agl writes it to the
-local AGL_OUTPUT_FILE, where the grader finds it as with local processes.
+are read (k8s_results): the wrapper script prints the output file at the end of the log (k8s_output), and agl
+writes it to the local AGL_OUTPUT_FILE, where the grader finds it as with local processes.
 
 Mapping to ProcessResult: Complete → exit 0; Failed/DeadlineExceeded → timed_out; other Failed → the container's
 exit code (else the wrapper's, else None with the reason as the last stderr line); vanished → None and a reason;
@@ -49,7 +49,6 @@ from rl_backend.rollout.k8s_client import (
 from rl_backend.rollout.k8s_env import PodEnvError, UnreachableGatewayError, build_pod_env
 from rl_backend.rollout.k8s_manifest import (
     ANNOTATION_MARKER,
-    CONTAINER,
     LABEL_RUN,
     ManifestError,
     deadline_seconds,
@@ -59,10 +58,10 @@ from rl_backend.rollout.k8s_manifest import (
     render_policy,
     run_selector,
 )
-from rl_backend.rollout.k8s_output import LogReader, PodOutput
 from rl_backend.rollout.k8s_pods import PodInspector, stuck_reason
+from rl_backend.rollout.k8s_results import RolloutResults
 from rl_backend.rollout.k8s_spec import KubernetesSpec
-from rl_backend.rollout.k8s_status import StartProblem, container_exit_code, job_outcome, newest_pod
+from rl_backend.rollout.k8s_status import StartProblem, job_outcome
 from rl_backend.rollout.k8s_watch import JobWatcher, TokenBucket
 from rl_backend.rollout.local import TAIL_BYTES
 
@@ -130,6 +129,7 @@ class KubernetesController:
         self.counters = _Counters()
         self.watcher: JobWatcher | None = None
         self.pods: PodInspector | None = None
+        self.results = RolloutResults(self.api, spec, tail_bytes)
         self._waiters: dict[str, _Waiter] = {}
         self._mine: set[str] = set()  # Jobs this process made or took over; others of the run are a dead one's
         self._orphans_checked = False
@@ -154,7 +154,7 @@ class KubernetesController:
             # Rendering and schema validation take milliseconds of CPU: off the event loop, like the API calls.
             manifest = await self.api.call(self._manifest, job)
         except PodEnvError as exc:
-            return self._result_without_job(started, str(exc))
+            return self.results.without_job(started, str(exc))
         waiter = _Waiter(asyncio.get_running_loop().create_future())
         self._waiters[name] = waiter
         self._mine.add(name)
@@ -180,7 +180,9 @@ class KubernetesController:
                 ending = _Ending(None, overdue=True, reason=reason)
             if ending.job is None and ending.stuck:
                 self._delete_later(name)  # its pod will never start: the Job goes now, not at its deadline
-            return await self._result(job, name, marker, ending, started)
+            if ending.job is None:
+                return self.results.without_job(started, ending.reason, timed_out=ending.overdue)
+            return await self.results.collect(job, name, marker, ending.job, started)
         except asyncio.CancelledError:
             if not self._closed:  # once closed, close() has deleted every Job of the run
                 # In the background: a cancelled rollout returns now, even when the API does not answer.
@@ -327,84 +329,6 @@ class KubernetesController:
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    # -- results ---------------------------------------------------------------------------------------------------
-
-    def _result_without_job(self, started: float, reason: str, *, timed_out: bool = False) -> ProcessResult:
-        note = f"agl: {reason}\n"
-        return ProcessResult(
-            exit_code=None, timed_out=timed_out, duration_s=time.monotonic() - started, stdout_tail="",
-            stderr_tail=note, stdout_bytes=0, stderr_bytes=len(note),
-        )
-
-    async def _result(
-        self, job: RolloutJob, name: str, marker: str, ending: _Ending, started: float
-    ) -> ProcessResult:
-        if ending.job is None:
-            return self._result_without_job(started, ending.reason, timed_out=ending.overdue)
-        outcome = job_outcome(ending.job)
-        assert outcome is not None
-        notes: list[str] = []
-        pod, out = await self._read_pod(name, marker, notes)
-        code = container_exit_code(pod, CONTAINER) if pod is not None else None
-        if out.output is not None and job.env.get("AGL_OUTPUT_FILE"):
-            _write_output(Path(job.env["AGL_OUTPUT_FILE"]), out.output)
-            if out.output_size is not None and out.output_size > len(out.output):
-                notes.append(f"the output file has {out.output_size} bytes; only the first {len(out.output)} came "
-                             "back (kubernetes.max_output_bytes)")
-        timed_out = outcome.kind == "deadline"
-        exit_code: int | None = None
-        if outcome.kind == "succeeded":
-            exit_code = 0
-        elif not timed_out:
-            exit_code = code if code is not None else out.exit_code
-            if not exit_code:  # unknown, or a failed Job whose container claims success: say why it failed
-                exit_code = None
-                notes.append(f"Job {name} failed: {outcome.detail}")
-        notes.extend(out.problems)
-        stderr = out.stderr if out.stderr is not None else ""
-        stderr_bytes = out.stderr_size if out.stderr_size is not None else len(stderr.encode())
-        if notes:
-            stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + "".join(f"agl: {n}\n" for n in notes)
-        return ProcessResult(
-            exit_code=exit_code, timed_out=timed_out, duration_s=time.monotonic() - started,
-            stdout_tail=out.log_tail, stderr_tail=stderr, stdout_bytes=out.log_bytes, stderr_bytes=stderr_bytes,
-        )
-
-    async def _read_pod(self, name: str, marker: str, notes: list[str]) -> tuple[dict[str, Any] | None, PodOutput]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        async def list_pods() -> dict[str, Any]:
-            return await self.api.json(
-                self.api.core.list_namespaced_pod, self.spec.namespace, label_selector=f"job-name={name}"
-            )
-
-        try:
-            pod = newest_pod((await self.api.retrying(f"listing the pods of Job {name}", list_pods)).get("items")
-                             or [], name)
-        except (ApiException, HTTPError, OSError) as exc:
-            notes.append(f"cannot list the pods of Job {name}: {describe(exc)}")
-            return None, PodOutput()
-        if pod is None:
-            notes.append(f"Job {name} has no pod left to read its log from")
-            return None, PodOutput()
-        limit = (self.spec.max_output_bytes + self.tail_bytes) * 2 + 65536
-        pod_name = pod["metadata"]["name"]
-
-        async def read() -> LogReader:
-            reader = LogReader(marker, self.tail_bytes, limit)  # a fresh one per try: a retry reads from the start
-            await self.api.call(self.api.stream_log, pod_name, CONTAINER, reader.feed)
-            return reader
-
-        try:
-            result = (await self.api.retrying(f"reading the log of pod {pod_name}", read)).result()
-        except (ApiException, HTTPError, OSError) as exc:
-            notes.append(f"cannot read the log of pod {pod_name}: {describe(exc)}")
-            result = LogReader(marker, self.tail_bytes, limit).result()
-        if marker and not result.complete and not notes:
-            notes.append(f"the log of pod {pod_name} has no complete output block (was the agent killed?)")
-        return pod, result
-
     # -- cleanup ---------------------------------------------------------------------------------------------------
 
     async def delete_run_jobs(self) -> int:
@@ -440,12 +364,6 @@ class KubernetesController:
         finally:
             self.api.close(self._own_client)
 
-
-def _write_output(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".part")
-    partial.write_bytes(data)
-    partial.replace(path)
 
 
 __all__ = ["KubernetesConfigError", "KubernetesController", "KubernetesSpec", "KubernetesUnavailableError"]
