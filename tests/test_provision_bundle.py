@@ -147,3 +147,21 @@ def test_local_agents_and_graders_never_see_agls_credentials(tmp_path: Path) -> 
     assert [json.loads(p.read_text()) for p in rollouts] == [
         {"AGL_GATEWAY_ADMIN_TOKEN": None, "AGL_POLICY_API_KEY": None, "KEEP_ME": "yes"}]
     assert summary["variants"][0]["accuracy"]["mean"] == 1.0  # the grader saw neither either
+
+
+def test_what_a_command_names_is_told_apart_from_programs_and_arguments(tmp_path: Path) -> None:
+    from rl_backend.provision.bundle import Program, command_files
+
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "data.jsonl").write_text("")
+    command = (f"/usr/bin/env {sys.executable} agent.py --data=data.jsonl --model gpt-4o-mini --t 0.7 "
+               "--url http://x/y.json tools/run.sh {task_file} && sh -c 'python other.py'")
+    assert command_files(Program("agent", command), tmp_path, "fix") == ["agent.py", "data.jsonl", "tools/run.sh"]
+    with pytest.raises(ProvisionError, match="needs 'missing.py'"):
+        command_files(Program("agent", "python missing.py"), tmp_path, "fix")
+    outside = tmp_path.parent / "elsewhere.py"
+    outside.write_text("")
+    with pytest.raises(ProvisionError, match="outside the folder of agl.yaml"):
+        command_files(Program("grader", f"python {outside}"), tmp_path, "fix")

@@ -77,10 +77,13 @@ def command_files(program: Program, base: Path, remedy: str) -> list[str]:
     found: list[str] = []
     for token in tokens:
         value = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
-        if not value or value.startswith("-") or PLACEHOLDER in value or "://" in value:
+        if (not value or value.startswith("-") or PLACEHOLDER in value or "://" in value
+                or any(ch.isspace() for ch in value)):  # a flag, a URL, or a shell snippet (`sh -c "..."`)
             continue
         path = Path(value) if Path(value).is_absolute() else base / value
         relative = _inside(base, path)
+        if relative is None and path.suffix not in SCRIPT_SUFFIXES:
+            continue  # a program of the image's (/usr/bin/env, an interpreter's path), not the project's
         if path.exists():
             if relative is None:
                 raise ProvisionError(
