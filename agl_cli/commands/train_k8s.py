@@ -237,7 +237,7 @@ def k8s_command(
     include: Annotated[Optional[list[str]], typer.Option("--include", help="Also ship this file or folder (relative to agl.yaml), e.g. the grader; repeat.")] = None,  # noqa: UP045,E501
     checkpoint_size: Annotated[str, typer.Option(help="Size of the checkpoint volume.")] = "200Gi",
     store_size: Annotated[str, typer.Option(help="Size of the gateway's store volume.")] = "10Gi",
-    storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of both volumes (several nodes need ReadWriteMany).")] = None,  # noqa: UP045,E501
+    storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of both volumes (a RayJob trainer needs one that offers ReadWriteMany).")] = None,  # noqa: UP045,E501
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every manifest (validated) and apply nothing.")] = False,  # noqa: E501
     detach: Annotated[bool, typer.Option("--detach", help="Return once the train is up instead of following its metrics.")] = False,  # noqa: E501
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a train that failed to start in place, to inspect it.")] = False,  # noqa: E501
