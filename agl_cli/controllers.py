@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from agl_cli.errors import ConfigError
+from agl_cli.errors import AglError, ConfigError
 from agl_cli.spec import ExperimentSpec
 from rl_backend.rollout.base import RolloutController
 
@@ -37,10 +37,16 @@ def make_controller(spec: ExperimentSpec, run_id: str) -> RolloutController:
 
 async def run_then_close(controller: RolloutController, work: Callable[[], Awaitable[T]]) -> T:
     """Run `work`, then let the controller clean up (the Kubernetes one deletes the run's Jobs), even on Ctrl-C."""
-    from rl_backend.rollout.k8s_client import KubernetesConfigError  # light: the client loads lazily
+    from rl_backend.rollout.k8s_client import (  # light: the client loads lazily
+        KubernetesConfigError,
+        KubernetesUnavailableError,
+    )
 
     try:
         return await work()
+    except KubernetesUnavailableError as exc:  # not a config problem: the cluster stayed unreachable (exit 1)
+        raise AglError(str(exc), hint="once the cluster answers again, continue the run with --resume RUN (finished "
+                                      "rollouts are kept)") from None
     except KubernetesConfigError as exc:
         raise ConfigError(str(exc), hint=K8S_HINT) from None
     finally:

@@ -34,6 +34,9 @@ from rl_backend.store.redact import Redactor
 
 OUTPUT_KEEP_BYTES = 64 * 1024
 SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+# agl's own credentials (in a trainer's pod: the deployed gateway's admin token, the policy servers' key): no agent
+# or grader process gets them, gateway or not.
+AGL_CREDENTIALS = ("AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY")
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ class EvalRunner:
 
     def _base_env(self) -> dict[str, str]:
         secret = self._secret_names()
-        env = {k: v for k, v in os.environ.items() if k not in secret or not self.stack.gateway}
+        env = {k: v for k, v in os.environ.items()
+               if (k not in secret or not self.stack.gateway) and k not in AGL_CREDENTIALS}
         # The agent finds the Python agl runs on first, so `python agent.py` works without activating a venv.
         bin_dir = str(Path(sys.executable).parent)
         path = env.get("PATH", "")

@@ -182,6 +182,11 @@ def test_cancel_deletes_the_job(tmp_path: Path) -> None:
             running.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await running
+            # The rollout returns at once; its Job is deleted right after, in the background (not by close()).
+            for _ in range(100):
+                if await list_jobs(server) == []:
+                    break
+                await asyncio.sleep(0.05)
             assert await list_jobs(server) == []
 
     asyncio.run(scenario())

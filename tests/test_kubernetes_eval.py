@@ -68,3 +68,22 @@ def test_agl_eval_runs_rollouts_as_kubernetes_jobs(tmp_path: Path) -> None:
     (variant,) = json.loads(done.stdout)["variants"]
     assert variant["finished"] == 3 and variant["n"] == 1 and variant["accuracy"]["mean"] == 1.0
     assert variant["missing_reasons"] == {"agent_crashed": 1, "agent_timeout": 1}
+
+
+def test_an_unreachable_cluster_ends_agl_eval_with_exit_1_and_says_so(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: every connection is refused
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    _project(tmp_path, url)
+    spec = yaml.safe_load((tmp_path / "agl.yaml").read_text())
+    spec["kubernetes"].update({"api_retry_s": 1, "request_timeout_s": 0.5, "api_backoff_max_s": 0.2})
+    (tmp_path / "agl.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("AGL_HOME", None)
+    done = subprocess.run([sys.executable, "-m", "agl_cli", "eval", "agl.yaml", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=80)
+    assert done.returncode == 1, done.stderr  # a failure, not a usage or config error
+    assert f"the Kubernetes API at {url} has not answered for" in done.stderr and "--resume" in done.stderr
+    assert "Traceback" not in done.stderr

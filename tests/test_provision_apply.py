@@ -1,5 +1,6 @@
 """`agl train --on kubernetes` against kmock with the official client: the whole provision sequence, waiting for
-readiness while the test flips statuses, re-running it (idempotent), `stop`, and rollback when a create fails."""
+readiness while the test flips statuses, re-running it (idempotent; a refused re-run changes nothing), the owner
+every object points at, `stop`, and rollback when a create fails."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an au
     ADMIN_TOKEN,
     NAMES,
     NS,
+    POLICY_KEY,
     UPSTREAM_KEY,
     cluster,
     consoles,
@@ -39,11 +41,11 @@ from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an au
 pytestmark = pytest.mark.timeout(60)
 
 EXPECTED = [
-    ("ServiceAccount", "agl-calc-controller"), ("Role", "agl-calc-controller"),
-    ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("ConfigMap", "agl-calc-config"),
+    ("ConfigMap", "agl-calc-config"), ("ServiceAccount", "agl-calc-controller"), ("Role", "agl-calc-controller"),
+    ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("Secret", "agl-calc-policy-key"),
+    ("NetworkPolicy", "agl-calc-gateway-ingress"), ("NetworkPolicy", "agl-calc-policy-ingress"),
     ("PersistentVolumeClaim", "agl-calc-gateway-store"), ("PersistentVolumeClaim", "agl-calc-checkpoints"),
-    ("Service", "agl-calc-gateway"), ("Deployment", "agl-calc-gateway"), ("Service", "agl-calc-policy"),
-    ("Job", "agl-calc-trainer"),
+    ("Service", "agl-calc-gateway"), ("Deployment", "agl-calc-gateway"), ("Job", "agl-calc-trainer"),
 ]
 
 
@@ -77,9 +79,18 @@ def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readines
     assert result.outcome == "ready"
     assert [(s.kind, s.name, s.action) for s in result.steps] == [(k, n, "created") for k, n in EXPECTED]
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    owner = by_name["ConfigMap", NAMES.config]["metadata"]
     for key in EXPECTED:
-        labels = by_name[key]["metadata"]["labels"]
+        meta = by_name[key]["metadata"]
+        labels = meta["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "agl" and labels[LABEL_TRAIN] == "calc"
+        assert labels["app.kubernetes.io/name"] == "agl" and labels["app.kubernetes.io/instance"] == "agl-calc"
+        # One owner: deleting the ConfigMap garbage-collects the rest; the volumes outlive it on purpose.
+        if key[0] in ("ConfigMap", "PersistentVolumeClaim"):
+            assert "ownerReferences" not in meta, key
+        else:
+            assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "ConfigMap", "name": NAMES.config,
+                                                "uid": owner["uid"]}], key
         if key[0] != "Secret":  # the Secret's token is checked below
             validate_schema({k: v for k, v in by_name[key].items() if k != "status"}, "1.30")
 
@@ -91,6 +102,8 @@ def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readines
     assert env["OPENAI_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "agl-upstream-keys", "key": "OPENAI_API_KEY"}}
     assert env["CLAUDE_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "agl-upstream-keys", "key": "CLAUDE_KEY"}}
     assert env["AGL_GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": NAMES.admin_secret, "key": "token"}
+    assert env["AGL_POLICY_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": NAMES.policy_key, "key": "token"}
+    assert "AGL_POLICY_URL" not in env  # the trainer registers its policy servers' addresses with the gateway
     assert deployment["automountServiceAccountToken"] is False
     assert {v["name"]: v for v in deployment["volumes"]}["store"]["persistentVolumeClaim"]["claimName"] == NAMES.store_pvc
 
@@ -106,13 +119,16 @@ def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readines
     trainer_env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert trainer_env["AGL_GATEWAY_URL"] == "http://agl-calc-gateway.default.svc:8090"
     assert "OPENAI_API_KEY" not in trainer_env  # the gateway holds the upstream keys, the trainer never
+    assert {e["name"]: e for e in trainer["env"]}["AGL_POLICY_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == \
+        NAMES.policy_key
 
     config = by_name["ConfigMap", NAMES.config]
     paths = {i["path"] for i in volumes["project"]["configMap"]["items"]}
-    assert paths == {"agl.yaml", "tasks.jsonl", "prompts/a.md"}
+    assert paths == {"agl.yaml", "tasks.jsonl", "prompts/a.md", "grade.py"}  # the grader runs in the trainer's pod
     copied = next(v for k, v in config["data"].items() if k.endswith("agl.yaml"))
     assert "namespace: default" in copied and "kubeconfig" not in copied and "agl.dev/train: calc" in copied
     assert by_name["Secret", NAMES.admin_secret]["stringData"] == {"token": ADMIN_TOKEN}
+    assert by_name["Secret", NAMES.policy_key]["stringData"] == {"token": POLICY_KEY}  # a token of its own
     assert by_name["PersistentVolumeClaim", NAMES.checkpoints]["spec"]["accessModes"] == ["ReadWriteOnce"]
     everything = json.dumps(objects) + err_text.getvalue()
     assert UPSTREAM_KEY not in everything
@@ -174,7 +190,7 @@ def test_stop_deletes_exactly_what_the_train_made(tmp_path: Path) -> None:
     assert set(kept) == expected - {"PersistentVolumeClaim/agl-calc-checkpoints",
                                     "PersistentVolumeClaim/agl-calc-gateway-store"}
     assert kept[0] == "Job/agl-1234-r1-1" or kept[0] == "Job/agl-calc-trainer"  # the trainer kind goes first
-    assert kept[-1] == "ServiceAccount/agl-calc-controller"  # the identity goes last
+    assert kept[-1] == "ConfigMap/agl-calc-config"  # the owner goes last
     # What is left: the stand-in pods and endpoints (their controllers would delete them), the foreign objects, and
     # the user's own Secret with the upstream keys (agl reads it by reference; it is not agl's to delete).
     assert {n for n in remaining if not n.startswith(("Pod/", "EndpointSlice/"))} == {
@@ -268,3 +284,57 @@ def test_an_object_of_the_same_name_that_is_not_the_trains_is_left_alone(tmp_pat
     assert "not part of train 'calc'" in str(error)
     assert service["metadata"]["labels"] == {"app": "theirs"}
     assert remaining == {f"Service/{NAMES.gateway}", "Secret/agl-upstream-keys"}
+
+
+def test_a_refused_rerun_changes_nothing_in_the_running_train(tmp_path: Path) -> None:
+    config = write_project(tmp_path)
+    err, out, _, _ = consoles()
+
+    async def scenario() -> tuple[BaseException, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with cluster() as (server, api, _):
+            first = run_provision(api, load_target(config), options(), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await gateway_up(server)
+            await trainer_pod(server)
+            await asyncio.wait_for(first, 30)
+            before = (await get(server, "ConfigMap", NAMES.config), await get(server, "Deployment", NAMES.gateway))
+            seen = len(list(server))
+            # A new prompt: the ConfigMap, the gateway's config hash and the trainer's spec would all change.
+            (tmp_path / "prompts" / "a.md").write_text("Be terse.\n")
+            with pytest.raises(ProvisionError) as caught:
+                await asyncio.wait_for(run_provision(api, load_target(config), options(), err, out), 30)
+            writes = [f"{r.method} {r.url.path}" for r in list(server)[seen:] if r.method not in ("GET",)]
+            after = (await get(server, "ConfigMap", NAMES.config), await get(server, "Deployment", NAMES.gateway))
+            return caught.value, writes, before, after, await get(server, "Job", NAMES.trainer)
+
+    error, writes, before, after, trainer = asyncio.run(scenario())
+    assert writes == []  # decided before any write: no create, patch or delete reached the API
+    assert after == before  # the ConfigMap and the gateway's config hash (a restart) are as they were
+    assert "running with a different spec" in error.message and "nothing was changed" in error.message
+    assert isinstance(error, ProvisionError) and error.exit_code == 2
+    assert trainer is not None
+
+
+def test_a_finished_trainer_is_replaced_and_the_train_resumes(tmp_path: Path) -> None:
+    config = write_project(tmp_path)
+    err, out, _, _ = consoles()
+
+    async def scenario() -> tuple[dict[tuple[str, str], str], dict[str, Any]]:
+        async with cluster() as (server, api, _):
+            first = run_provision(api, load_target(config), options(), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await gateway_up(server)
+            await trainer_pod(server)
+            await asyncio.wait_for(first, 30)
+            await patch_status(server, "Job", NAMES.trainer, {"conditions": [{"type": "Complete", "status": "True"}],
+                                                              "succeeded": 1})
+            (tmp_path / "prompts" / "a.md").write_text("Be terse.\n")
+            again = run_provision(api, load_target(config), options(), err, out)
+            await asyncio.sleep(0.5)
+            await patch_status(server, "Pod", f"{NAMES.trainer}-q2w3e", {"phase": "Running"})
+            result = await asyncio.wait_for(again, 30)
+            return {(s.kind, s.name): s.action for s in result.steps}, await get(server, "ConfigMap", NAMES.config)
+
+    actions, config_map = asyncio.run(scenario())
+    assert actions[("Job", NAMES.trainer)] == "replaced" and actions[("ConfigMap", NAMES.config)] == "patched"
+    assert any("Be terse." in text for text in config_map["data"].values())

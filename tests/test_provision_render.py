@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from agl_cli.commands import train_k8s
 from rl_backend.provision.options import ProvisionError, parse_secret_ref
-from rl_backend.provision.render import RAYJOB_NOTE, render_all, validate_rayjob
+from rl_backend.provision.rayjob_schema import validate_rayjob
+from rl_backend.provision.render import rayjob_note, render_all
 from rl_backend.provision.session import dry_run, render_train
 from rl_backend.rollout.k8s_manifest import validate_schema
 from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture
@@ -68,15 +69,16 @@ def test_dry_run_prints_every_manifest_and_each_validates(tmp_path: Path, monkey
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     kinds = [d["kind"] for d in docs]
     rayjob = extra != []
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap", "PersistentVolumeClaim",
-                     "PersistentVolumeClaim", "Service", "Deployment", "Service", "RayJob" if rayjob else "Job"]
+    assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "Secret", "NetworkPolicy",
+                     "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "PersistentVolumeClaim",
+                     "PersistentVolumeClaim", "Service", "Deployment", "RayJob" if rayjob else "Job"]
     for doc in docs:
         if doc["kind"] == "RayJob":
-            validate_rayjob(doc, "1.30")  # its pod templates as PodTemplateSpec, its metadata as ObjectMeta
+            validate_rayjob(doc, "1.30")  # against KubeRay's CRD schema; its pod templates as PodTemplateSpec
         else:
             validate_schema(doc, "1.30")
     assert UPSTREAM_KEY not in result.output
-    assert (RAYJOB_NOTE in result.stdout) == rayjob  # said where it is printed: validated in part only
+    assert (rayjob_note() in result.stdout) == rayjob  # said where it is printed
     assert "nothing was applied" in result.stderr
 
 
@@ -84,23 +86,24 @@ def test_dry_run_json_holds_the_manifests(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), [str(write_project(tmp_path)), "--on=kubernetes", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 11
+    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 13
     assert document["trainer"]["kind"] == "Job"
 
 
-def test_the_role_is_namespaced_and_grants_only_jobs_and_pods(tmp_path: Path) -> None:
+def test_the_role_is_namespaced_and_grants_only_what_the_controller_uses(tmp_path: Path) -> None:
     result = dry_run(load_target(write_project(tmp_path)), options(namespace="team-a"))
     kinds = _by_kind(result.manifests)
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     (role,) = kinds["Role"]
     assert role["metadata"]["namespace"] == "team-a"
     rules = {(tuple(r["apiGroups"]), resource, tuple(r["verbs"])) for r in role["rules"] for resource in r["resources"]}
+    # Exactly the calls rl_backend/rollout/kubernetes.py makes: Jobs (create, read, list+watch, delete one or the
+    # run's all), the run's pods listed (exit codes, pods that cannot start), a pod's log. No jobs/status, no pods
+    # get/watch, no pods/status.
     assert rules == {
         (("batch",), "jobs", ("create", "get", "list", "watch", "delete", "deletecollection")),
-        (("batch",), "jobs/status", ("get",)),
-        (("",), "pods", ("get", "list", "watch")),
+        (("",), "pods", ("list",)),
         (("",), "pods/log", ("get",)),
-        (("",), "pods/status", ("get",)),
     }
     assert all("*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"] for r in role["rules"])
     assert not any("resourceNames" in r or "nonResourceURLs" in r for r in role["rules"])
@@ -141,12 +144,14 @@ def test_upstream_keys_appear_only_by_reference(tmp_path: Path, monkeypatch: pyt
 def _context(target: Any, opts: Any) -> dict[str, Any]:
     from rl_backend.provision.options import Names
     from rl_backend.provision.plan import choose_topology, template_context
+    from rl_backend.provision.session import rollout_plan
     from rl_backend.provision.target import carried_files, key_refs
 
     names = Names("calc")
+    files = carried_files(target, names, "default", [], rollout_plan(target, opts))
     return template_context(names=names, namespace="default", options=opts, topology=choose_topology(opts, False),
-                            refs=key_refs(target, opts.key_secrets),
-                            files=carried_files(target, names, "default", []), provision_id="p", image_pull_secrets=[])
+                            refs=key_refs(target, opts.key_secrets), files=files, provision_id="p",
+                            image_pull_secrets=[])
 
 
 def test_the_trainer_topology(tmp_path: Path) -> None:
@@ -163,6 +168,10 @@ def test_the_trainer_topology(tmp_path: Path) -> None:
     assert head["serviceAccountName"] == NAMES.controller  # the driver (and rollout controller) runs on the head
     assert "nvidia.com/gpu" not in head["containers"][0]["resources"].get("limits", {})
     assert rayjob["entrypoint"] == "agl train /etc/agl/project/agl.yaml --backend verl --resume"
+    # The policy servers run where the GPUs are: the workers host them, the head (no GPUs) does not.
+    assert workers["template"]["metadata"]["labels"]["agl.dev/policy-host"] == "true"
+    assert "agl.dev/policy-host" not in rayjob["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["labels"]
+    assert job["spec"]["template"]["metadata"]["labels"]["agl.dev/policy-host"] == "true"
     pvc = [p for p in _by_kind(many.manifests)["PersistentVolumeClaim"] if p["metadata"]["name"] == NAMES.checkpoints]
     assert pvc[0]["spec"]["accessModes"] == ["ReadWriteMany"]  # every node writes its shards
     with pytest.raises(ProvisionError, match="does not split evenly"):
@@ -231,12 +240,28 @@ def test_the_command_module_does_not_import_the_kubernetes_client() -> None:
     assert result.stdout.strip() == "False"
 
 
-def test_what_cannot_work_in_the_cluster_is_said_before_anything_is_applied(tmp_path: Path) -> None:
-    policy = {**AGL_YAML["kubernetes"], "gateway_url": "http://10.0.0.9:8090", "network_policy": {}}
-    target = load_target(write_project(tmp_path, kubernetes=policy))
-    with pytest.raises(ProvisionError, match="Role does not allow") as caught:
-        dry_run(target, options())
-    assert caught.value.hint and "network_policy: {enabled: false}" in caught.value.hint
+def test_a_loopback_upstream_is_said_before_anything_is_applied(tmp_path: Path) -> None:
     local = {"local": {"kind": "openai-compatible", "base_url": "http://127.0.0.1:8000/v1"}}
     notes = dry_run(load_target(write_project(tmp_path, upstreams=local, model=None)), options()).notes
     assert any("local (http://127.0.0.1:8000/v1) names a loopback address" in note for note in notes)
+
+
+def test_network_policy_in_agl_yaml_becomes_the_trains_rollout_egress_policy(tmp_path: Path) -> None:
+    # The train's Role cannot create a NetworkPolicy: the provision renders the rollout pods' policy itself, aimed at
+    # the gateway's pods (never at an address), and the cluster's agl.yaml asks the controller for none.
+    section = {**AGL_YAML["kubernetes"], "gateway_url": "http://10.0.0.9:8090",
+               "network_policy": {"dns": {"cidrs": ["169.254.20.10/32"]}}}
+    result = dry_run(load_target(write_project(tmp_path, kubernetes=section)), options())
+    policies = {p["metadata"]["name"]: p for p in _by_kind(result.manifests)["NetworkPolicy"]}
+    egress = policies["agl-calc-rollout-egress"]["spec"]
+    assert egress["podSelector"]["matchLabels"] == NAMES.component("rollout")
+    assert egress["policyTypes"] == ["Ingress", "Egress"] and egress["ingress"] == []
+    to_gateway, dns = egress["egress"]
+    assert to_gateway == {"to": [{"podSelector": {"matchLabels": NAMES.component("gateway")}}],
+                          "ports": [{"protocol": "TCP", "port": 8090}]}
+    assert {"ipBlock": {"cidr": "169.254.20.10/32"}} in dns["to"]  # NodeLocal DNSCache, next to kube-dns
+    config = _by_kind(result.manifests)["ConfigMap"][0]
+    copied = yaml.safe_load(next(v for k, v in config["data"].items() if k.endswith("agl.yaml")))
+    assert "network_policy" not in copied["kubernetes"]
+    # The laptop's gateway_url means nothing in the cluster: rollouts call the deployed gateway.
+    assert copied["kubernetes"]["gateway_url"] == "http://agl-calc-gateway.default.svc:8090"

@@ -15,6 +15,7 @@ import io
 import json
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,14 @@ _ORIGINAL_SCHEMA = kubernetes_validate.utils.schema_contents
 NS = "default"
 UPSTREAM_KEY = "sk-upstream-REAL-KEY-never-in-a-manifest-7c6b5a"
 ADMIN_TOKEN = "admin-token-for-tests-0f1e2d3c4b5a69788796"
+POLICY_KEY = "policy-key-for-tests-a1b2c3d4e5f60718293a"
 NAMES = Names("calc")
 RESOURCES = {
     "v1/serviceaccounts": True, "rbac.authorization.k8s.io/v1/roles": True,
     "rbac.authorization.k8s.io/v1/rolebindings": True, "v1/secrets": True, "v1/configmaps": True,
     "v1/persistentvolumeclaims": True, "v1/services": True, "apps/v1/deployments": True, "batch/v1/jobs": True,
     "v1/pods": True, "v1/events": True, "discovery.k8s.io/v1/endpointslices": True,
+    "networking.k8s.io/v1/networkpolicies": True,
 }
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 PATHS = {
@@ -58,6 +61,7 @@ PATHS = {
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments", "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
     "EndpointSlice": "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
     "RayJob": "/apis/ray.io/v1/namespaces/{ns}/rayjobs",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
 }
 
 AGL_YAML: dict[str, Any] = {
@@ -82,6 +86,17 @@ def write_project(folder: Path, **overrides: Any) -> Path:
     path = folder / "agl.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock, plus what a real API server adds to every object it creates: a uid (ownerReferences point at it)."""
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            metadata = request.data.setdefault("metadata", {})
+            metadata.setdefault("uid", str(uuid.uuid4()))
+            metadata.setdefault("creationTimestamp", now())
+        return await super()._handle(request)
 
 
 def load_target(path: Path) -> TrainTarget:
@@ -119,7 +134,7 @@ async def cluster(*, kuberay: bool = False, user_keys: bool = True,
     the user's Secret with the upstream keys (unless `user_keys` is off)."""
     from kubernetes import client
 
-    async with kmock.KubernetesEmulator() as server, kmock.Server(server) as http:
+    async with Emulator() as server, kmock.Server(server) as http:
         for resource, namespaced in RESOURCES.items():
             server.resources[resource] = kmock.ResourceInfo(namespaced=namespaced)
         if kuberay:
@@ -145,8 +160,9 @@ async def cluster(*, kuberay: bool = False, user_keys: bool = True,
 def run_provision(api: Any, target: TrainTarget, opts: ProvisionOptions,
                   err: Console, out: Console) -> asyncio.Future[ProvisionResult]:
     """The provision on a worker thread (the client is blocking), so the test's loop keeps serving kmock."""
+    tokens = iter([ADMIN_TOKEN, POLICY_KEY])  # in the order the Secrets are created (admin token first)
     return asyncio.ensure_future(asyncio.to_thread(
-        provision, target, opts, console=err, out=out, api_client=api, token=lambda: ADMIN_TOKEN))
+        provision, target, opts, console=err, out=out, api_client=api, token=lambda: next(tokens)))
 
 
 async def get(server: kmock.KubernetesEmulator, kind: str, name: str | None = None,

@@ -45,13 +45,16 @@ def _agl_error(exc: Any) -> Exception:
 
 def target_from_spec(spec: ExperimentSpec, config: Path | None = None) -> TrainTarget:
     """What a provision needs from a loaded agl.yaml: its upstreams, kubernetes section, and the files it names."""
+    from rl_backend.provision.bundle import Program
     from rl_backend.provision.target import TrainTarget
 
     files = [spec.tasks.path] + [f for knob in spec.knobs.values() for f in knob.files or []]
     path = config if config is not None else spec.base_dir / "agl.yaml"
     if path.is_dir():
         path = path / "agl.yaml"
-    return TrainTarget(spec.name, path, dict(spec.upstreams), spec.kubernetes, files)
+    return TrainTarget(spec.name, path, dict(spec.upstreams), spec.kubernetes, files,
+                       agent=Program("agent", spec.agent.command, spec.agent.entry),
+                       grader=Program("grader", spec.grader.command, spec.grader.entry))
 
 
 def provision(spec: ExperimentSpec, options: ProvisionOptions, *, config: Path | None = None,
@@ -80,9 +83,9 @@ def provision(spec: ExperimentSpec, options: ProvisionOptions, *, config: Path |
         else:
             import sys
 
-            from rl_backend.provision.render import RAYJOB_NOTE
+            from rl_backend.provision.render import rayjob_note
 
-            sys.stdout.write(manifests_yaml(result.manifests, {"RayJob": RAYJOB_NOTE}))
+            sys.stdout.write(manifests_yaml(result.manifests, {"RayJob": rayjob_note()}))
             sys.stdout.flush()
         console.print(f"{len(result.manifests)} manifests rendered and validated; nothing was applied (--dry-run)")
         return result
@@ -186,27 +189,43 @@ def k8s_command(
     namespace: NamespaceOpt = None,
     gpus: Annotated[int, typer.Option(help="GPUs for the trainer (K > 8 spans nodes, via KubeRay).")] = 1,
     nodes: Annotated[Optional[int], typer.Option(help="Nodes to spread the GPUs over (default ceil(K/8)).")] = None,  # noqa: UP045
-    image: Annotated[Optional[str], typer.Option(help="Trainer image (verl + vLLM + your project); see docker/README.md.")] = None,  # noqa: UP045,E501
-    gateway_image: Annotated[Optional[str], typer.Option(help="Gateway image (default: agl-runtime at agl's version).")] = None,  # noqa: UP045,E501
-    trainer: Annotated[TrainerChoice, typer.Option(help="auto: a RayJob when KubeRay is installed, else a Job.")] = TrainerChoice.auto,  # noqa: E501
+    image: Annotated[Optional[str], typer.Option(help="Trainer image (verl + vLLM + agl); see docker/README.md. Pin it by digest: NAME@sha256:….")] = None,  # noqa: UP045,E501
+    gateway_image: Annotated[Optional[str], typer.Option(help="Gateway image (default: agl-runtime at agl's version); rollouts run it when no agent image is given.")] = None,  # noqa: UP045,E501
+    agent_image: Annotated[Optional[str], typer.Option(help="The agent's image: rollouts run it (default: kubernetes.image in agl.yaml, else the gateway image with the project's files).")] = None,  # noqa: UP045,E501
+    trainer: Annotated[TrainerChoice, typer.Option(help="auto: a Job on one node, a KubeRay RayJob on several.")] = TrainerChoice.auto,  # noqa: E501
     name: Annotated[Optional[str], typer.Option(help="The train's name (default: agl.yaml's name).")] = None,  # noqa: UP045
     key_secret: Annotated[Optional[list[str]], typer.Option("--key-secret", help="ENV=SECRET[:KEY]: where the gateway reads an upstream key (default: key ENV of Secret agl-upstream-keys); repeat.")] = None,  # noqa: UP045,E501
     include: Annotated[Optional[list[str]], typer.Option("--include", help="Also ship this file or folder (relative to agl.yaml), e.g. the grader; repeat.")] = None,  # noqa: UP045,E501
     checkpoint_size: Annotated[str, typer.Option(help="Size of the checkpoint volume.")] = "200Gi",
     store_size: Annotated[str, typer.Option(help="Size of the gateway's store volume.")] = "10Gi",
-    storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of both volumes (several nodes need ReadWriteMany).")] = None,  # noqa: UP045,E501
+    storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of both volumes (a RayJob trainer needs one that offers ReadWriteMany).")] = None,  # noqa: UP045,E501
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every manifest (validated) and apply nothing.")] = False,  # noqa: E501
     detach: Annotated[bool, typer.Option("--detach", help="Return once the train is up instead of following its metrics.")] = False,  # noqa: E501
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a train that failed to start in place, to inspect it.")] = False,  # noqa: E501
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the train to come up.")] = 1800.0,
+    steps: Annotated[Optional[int], typer.Option(help="Trainer: policy updates to make in all.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    tasks_per_step: Annotated[Optional[int], typer.Option(help="Trainer: training tasks per update.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    group_size: Annotated[Optional[int], typer.Option(help="Trainer: rollouts per task per update (the GRPO group).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    lr: Annotated[Optional[float], typer.Option(help="Trainer: learning rate.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    temperature: Annotated[Optional[float], typer.Option(help="Trainer: sampling temperature of training rollouts.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    lora: Annotated[Optional[bool], typer.Option("--lora/--no-lora", help="Trainer: a LoRA adapter, or all weights.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    lora_rank: Annotated[Optional[int], typer.Option(help="Trainer: LoRA rank (1, 8, 16, 32, 64, 128, 256, 320 or 512).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    loss_agg: Annotated[Optional[str], typer.Option(help="Trainer: rollout, token-mean or seq-mean-token-mean.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    kl_coef: Annotated[Optional[float], typer.Option(help="Trainer: weight of the KL penalty to the starting model.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    loop: Annotated[Optional[str], typer.Option(help="Trainer: sync or collocated-async.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    heldout_limit: Annotated[Optional[int], typer.Option(help="Trainer: held-out tasks evaluated before and after.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    heldout_split: Annotated[Optional[str], typer.Option(help="Trainer: the split judged on.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    train_split: Annotated[Optional[str], typer.Option(help="Trainer: the split trained on.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
-    """Provision the RL backend on Kubernetes (gateway, RBAC, trainer) and follow the trainer's step metrics."""
+    """Provision the RL backend on Kubernetes (gateway, RBAC, trainer) and follow the trainer's step metrics.
+    Training flags are passed to the trainer (`agl train CONFIG --backend verl`); unset ones keep its defaults."""
     from agl_cli.errors import UsageError
     from agl_cli.spec import load_spec
     from rl_backend.provision.options import ProvisionError, ProvisionOptions, parse_secret_ref
+    from rl_backend.provision.trainer_args import TrainerArgs
 
     if on != "kubernetes":
         raise UsageError(f"--on {on!r}: this command provisions on kubernetes; leave out --on to train locally")
@@ -217,7 +236,12 @@ def k8s_command(
     spec = load_spec(config)
     options = ProvisionOptions(
         namespace=namespace, kubeconfig=kubeconfig, context=context, name=name, gpus=gpus, nodes=nodes, image=image,
-        gateway_image=gateway_image, trainer=trainer.value, key_secrets=refs, include=list(include or []),
+        gateway_image=gateway_image, agent_image=agent_image, trainer=trainer.value, key_secrets=refs,
+        trainer_args=TrainerArgs(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
+                                 temperature=temperature, lora=lora, lora_rank=lora_rank, loss_agg=loss_agg,
+                                 kl_coef=kl_coef, loop=loop, heldout_limit=heldout_limit, heldout_split=heldout_split,
+                                 train_split=train_split),
+        include=list(include or []),
         checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class, dry_run=dry_run,
         follow=not detach, keep_on_failure=keep_on_failure, json_output=json_output, timeout_s=timeout,
     )

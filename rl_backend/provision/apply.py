@@ -1,13 +1,19 @@
 """Applying a train's manifests idempotently, rolling back on failure, and deleting a train by its label.
 
-Create-or-patch, per object in dependency order: create; on 409 read the existing object and, if it is this
+Before anything is written, the trainer decides the run: an existing trainer (a Job or RayJob, whose pod template
+is immutable) is kept when its spec hash is unchanged and it is still running, replaced when it has finished (a
+re-run resumes from the checkpoints), and otherwise refused — changing a running trainer is `agl train stop` and a
+new provision, said in so many words — and a refusal leaves every object as it was (a patched ConfigMap or a new
+config hash would restart the gateway under the running trainer).
+
+Then create-or-patch, per object in dependency order: create; on 409 read the existing object and, if it is this
 train's (its label says so), merge-patch it — except for what must not change under running pods:
-- the admin-token Secret is kept as it is (the running gateway and trainer hold that token);
-- a PersistentVolumeClaim is kept (its spec is immutable once bound; its data is the point);
-- the trainer (a Job or RayJob, whose pod template is immutable) is kept when its spec hash is unchanged and it is
-  still running, replaced when it has finished (a re-run resumes from the checkpoints), and otherwise refused:
-  changing a running trainer is `agl train stop` and a new provision, said in so many words.
+- the generated Secrets are kept as they are (the running gateway and trainer hold those tokens);
+- a PersistentVolumeClaim is kept (its spec is immutable once bound; its data is the point).
 An object of the same name that is not this train's is never touched.
+
+The first object (the ConfigMap) is the train's owner: every later one but the volumes gets an ownerReference to
+it, so deleting it garbage-collects the train (`agl train stop` deletes by label all the same).
 
 Every object this run created is recorded; on any failure they are deleted again in reverse order, so a failed
 provision leaves nothing behind (objects that existed before it are left as they were). A create that failed
@@ -30,6 +36,8 @@ from rl_backend.provision.resources import APPLY_ORDER, Resources, api_error
 RETRYABLE = {429, 500, 502, 503, 504}
 KEPT_KINDS = {"Secret", "PersistentVolumeClaim"}
 TRAINER_KINDS = {"Job", "RayJob"}
+OWNER_KIND = "ConfigMap"
+UNOWNED_KINDS = {"PersistentVolumeClaim"}  # checkpoints and the store outlive the train's deletion on purpose
 
 
 @dataclass
@@ -51,20 +59,75 @@ class Applier:
     created: list[tuple[str, str]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     _uncertain: list[tuple[str, str]] = field(default_factory=list)
+    _owner: dict[str, Any] | None = None
+    _trainer_action: str = "create"  # create | keep | replace, decided before anything is written
 
     def apply_all(self, manifests: list[dict[str, Any]]) -> list[Step]:
-        """Apply in order; on any failure (or Ctrl-C) roll back what this run created, then re-raise."""
+        """Decide about the trainer, then apply in order; on any failure (or Ctrl-C) roll back what this run
+        created, then re-raise."""
+        trainer = next((m for m in manifests if m["kind"] in TRAINER_KINDS), None)
+        if trainer is not None:
+            self._trainer_action = self.decide_trainer(trainer)
         try:
             for manifest in manifests:
                 self.steps.append(self.apply(manifest))
+                if manifest["kind"] == OWNER_KIND and self._owner is None:
+                    self._owner = self._owner_reference(manifest["metadata"]["name"])
         except BaseException:
             self.rollback()
             raise
         return self.steps
 
+    def decide_trainer(self, manifest: dict[str, Any]) -> str:
+        """create, keep or replace; raise (before any write) when a running trainer would have to change."""
+        name = manifest["metadata"]["name"]
+        want = manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+        action = "create"
+        for kind in sorted(TRAINER_KINDS):
+            current = self.res.read(kind, name)
+            if current is None:
+                continue
+            self._check_ours(kind, name, current)
+            if trainer_finished(current) is not None:
+                action = "replace" if kind == manifest["kind"] else self._delete_finished(kind, name, action)
+                continue
+            have = ((current.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
+            if kind == manifest["kind"] and have == want:
+                action = "keep"
+                continue
+            raise ProvisionError(
+                f"{kind}/{name} is running with a different spec; a running trainer is not changed in place, and "
+                "nothing was changed",
+                hint=f"`agl train stop {self.names.train} --keep-volumes` stops it and keeps its checkpoints; then "
+                     "provision again (the trainer resumes from them)", exit_code=2)
+        return action
+
+    def _delete_finished(self, kind: str, name: str, action: str) -> str:
+        """A finished trainer of the other kind (the train moved between one node and several) makes way."""
+        self.res.delete(kind, name)
+        self._wait_gone(kind, name)
+        self.log(f"deleted the finished {kind}/{name}")
+        return action
+
+    def _owner_reference(self, name: str) -> dict[str, Any] | None:
+        current = self.res.read(OWNER_KIND, name) or {}
+        uid = (current.get("metadata") or {}).get("uid")
+        if not uid:
+            self.log(f"{OWNER_KIND}/{name} has no uid: the train's objects get no ownerReferences")
+            return None
+        return {"apiVersion": "v1", "kind": OWNER_KIND, "name": name, "uid": uid}
+
+    def _check_ours(self, kind: str, name: str, current: dict[str, Any]) -> None:
+        owner = ((current.get("metadata") or {}).get("labels") or {}).get(LABEL_TRAIN)
+        if owner != self.names.train:
+            raise ProvisionError(
+                f"{kind}/{name} exists in namespace {self.res.namespace} and is not part of train "
+                f"{self.names.train!r} ({'train ' + repr(owner) if owner else 'not made by agl'}); agl leaves it alone",
+                hint="pick another name with --name, or another --namespace", exit_code=2)
+
     def apply(self, manifest: dict[str, Any]) -> Step:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        body = self._with_secret(manifest)
+        body = self._with_owner(self._with_secret(manifest))
         for attempt in range(self.attempts):
             outcome = self._try_create(kind, name, body, attempt)
             if outcome == "created":
@@ -75,6 +138,11 @@ class Applier:
                 return self._existing(kind, name, body)
             time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
+
+    def _with_owner(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        if self._owner is None or manifest["kind"] in UNOWNED_KINDS | {OWNER_KIND}:
+            return manifest
+        return {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [self._owner]}}
 
     def _with_secret(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """The admin token goes in only now, into a copy: rendered manifests (and any printout) never hold it."""
@@ -120,12 +188,7 @@ class Applier:
             self.res.create(body)
             self.created.append((kind, name))
             return Step(kind, name, "created")
-        owner = ((current.get("metadata") or {}).get("labels") or {}).get(LABEL_TRAIN)
-        if owner != self.names.train:
-            raise ProvisionError(
-                f"{kind}/{name} exists in namespace {self.res.namespace} and is not part of train "
-                f"{self.names.train!r} ({'train ' + repr(owner) if owner else 'not made by agl'}); agl leaves it alone",
-                hint="pick another name with --name, or another --namespace", exit_code=2)
+        self._check_ours(kind, name, current)
         if kind in KEPT_KINDS:
             self.log(f"kept {kind}/{name} (exists)")
             return Step(kind, name, "kept")
@@ -143,23 +206,19 @@ class Applier:
         return Step(kind, name, "patched")
 
     def _existing_trainer(self, kind: str, name: str, body: dict[str, Any], current: dict[str, Any]) -> Step:
-        have = ((current.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
-        want = body["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
-        if trainer_finished(current) is not None:
-            # A finished trainer holds nothing worth keeping (checkpoints live on their volume): start anew, resuming.
-            self.res.delete(kind, name)
-            self._wait_gone(kind, name)
-            self.res.create(body)
-            self.created.append((kind, name))
-            self.log(f"replaced the finished {kind}/{name}")
-            return Step(kind, name, "replaced")
-        if have == want:
+        if self._trainer_action == "keep" and trainer_finished(current) is None:
             self.log(f"kept {kind}/{name} (running, same spec)")
             return Step(kind, name, "kept")
-        raise ProvisionError(
-            f"{kind}/{name} is running with a different spec; a running trainer is not changed in place",
-            hint=f"`agl train stop {self.names.train} --keep-volumes` stops it and keeps its checkpoints; then "
-                 "provision again (the trainer resumes from them)", exit_code=2)
+        if trainer_finished(current) is None:  # started (or changed) since the decision: decide again, write nothing
+            self.decide_trainer(body)
+            return Step(kind, name, "kept")
+        # A finished trainer holds nothing worth keeping (checkpoints live on their volume): start anew, resuming.
+        self.res.delete(kind, name)
+        self._wait_gone(kind, name)
+        self.res.create(body)
+        self.created.append((kind, name))
+        self.log(f"replaced the finished {kind}/{name}")
+        return Step(kind, name, "replaced")
 
     def _wait_gone(self, kind: str, name: str, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s

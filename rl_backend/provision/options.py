@@ -11,10 +11,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rl_backend.provision.trainer_args import TrainerArgs, TrainerArgsError
+
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_TRAIN = "agl.dev/train"
+# On the pods that host the policy servers (the trainer Job's pod, the RayJob's GPU workers): the gateway reaches them.
+LABEL_POLICY_HOST = "agl.dev/policy-host"
+LABEL_RAY_NODE = "agl.dev/ray-node"
 # Set on every object a provision writes: a create retried after an ambiguous failure (a 500 whose object was
 # stored after all) finds its own object by this annotation and adopts it instead of treating it as someone else's.
 ANNOTATION_PROVISION = "agl.dev/provision-id"
@@ -22,13 +29,18 @@ ANNOTATION_PROVISION = "agl.dev/provision-id"
 ANNOTATION_SPEC_HASH = "agl.dev/spec-hash"
 DEFAULT_KEY_SECRET = "agl-upstream-keys"
 GATEWAY_PORT = 8090
-POLICY_PORT = 8000
+RAY_DASHBOARD_PORT = 8265  # job submission and status: the RayJob's submitter and the KubeRay operator call it
 MAX_TRAIN_NAME = 30  # KubeRay derives cluster, pod and Service names from the RayJob's; those must stay <= 63
 GPUS_PER_NODE = 8
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# The distribution reference grammar, simplified: [registry[:port]/]path[:tag][@algorithm:hex].
+_IMAGE = re.compile(
+    r"^(?P<name>(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,}))?$")
 
 
 class ProvisionError(RuntimeError):
@@ -70,6 +82,21 @@ def check_dns_name(value: str, what: str) -> str:
     return value
 
 
+def check_image(value: str, what: str) -> str:
+    """An image reference Kubernetes can pull: `name[:tag][@sha256:…]`, refused (exit 2) when malformed."""
+    if not _IMAGE.match(value) or len(value) > 512:
+        raise ProvisionError(f"{what} {value!r} is not an image reference",
+                             hint="write REGISTRY/NAME:TAG, or pin it by digest: REGISTRY/NAME@sha256:<64 hex digits>",
+                             exit_code=2)
+    return value
+
+
+def pinned(image: str) -> bool:
+    """Whether the reference names one immutable image (a digest), not a tag that can be pushed again."""
+    match = _IMAGE.match(image)
+    return bool(match and match.group("digest"))
+
+
 def train_name(raw: str) -> str:
     """A DNS label of at most MAX_TRAIN_NAME characters, kept as is when it already is one."""
     if len(raw) <= MAX_TRAIN_NAME and _DNS_LABEL.match(raw):
@@ -94,19 +121,28 @@ class Names:
 
     gateway = property(lambda self: f"{self.base}-gateway")
     admin_secret = property(lambda self: f"{self.base}-gateway-admin")
+    policy_key = property(lambda self: f"{self.base}-policy-key")
     store_pvc = property(lambda self: f"{self.base}-gateway-store")
     config = property(lambda self: f"{self.base}-config")
     controller = property(lambda self: f"{self.base}-controller")
     checkpoints = property(lambda self: f"{self.base}-checkpoints")
     trainer = property(lambda self: f"{self.base}-trainer")
-    policy = property(lambda self: f"{self.base}-policy")
+    # NetworkPolicies: who may reach the gateway, the policy servers, the Ray pods; where rollout pods may go.
+    gateway_ingress = property(lambda self: f"{self.base}-gateway-ingress")
+    policy_ingress = property(lambda self: f"{self.base}-policy-ingress")
+    ray_ingress = property(lambda self: f"{self.base}-ray-ingress")
+    rollout_egress = property(lambda self: f"{self.base}-rollout-egress")
 
     def selector(self) -> dict[str, str]:
         """What every object of this train carries; `stop` and `status` find them by it."""
         return {LABEL_MANAGED: "agl", LABEL_TRAIN: self.train}
 
+    def component(self, component: str) -> dict[str, str]:
+        """The train's pods of one component (a pod selector, stable across agl versions)."""
+        return {**self.selector(), LABEL_COMPONENT: component}
+
     def labels(self, component: str) -> dict[str, str]:
-        return {**self.selector(), LABEL_PART_OF: "agl", LABEL_COMPONENT: component}
+        return {**self.component(component), LABEL_NAME: "agl", LABEL_INSTANCE: self.base, LABEL_PART_OF: "agl"}
 
     def gateway_url(self, namespace: str) -> str:
         return f"http://{self.gateway}.{namespace}.svc:{GATEWAY_PORT}"
@@ -134,7 +170,9 @@ class ProvisionOptions(ClusterOptions):
     nodes: int | None = None
     image: str | None = None
     gateway_image: str | None = None
+    agent_image: str | None = None
     trainer: TrainerKind = "auto"
+    trainer_args: TrainerArgs = field(default_factory=TrainerArgs)
     key_secrets: list[SecretRef] = field(default_factory=list)
     checkpoint_size: str = "200Gi"
     store_size: str = "10Gi"
@@ -162,3 +200,11 @@ class ProvisionOptions(ClusterOptions):
         envs = [ref.env for ref in self.key_secrets]
         if len(envs) != len(set(envs)):
             raise ProvisionError("--key-secret names the same variable twice", exit_code=2)
+        for flag, image in (("--image", self.image), ("--gateway-image", self.gateway_image),
+                            ("--agent-image", self.agent_image)):
+            if image is not None:
+                check_image(image, flag)
+        try:
+            self.trainer_args.check()
+        except TrainerArgsError as exc:
+            raise ProvisionError(str(exc), exit_code=2) from None

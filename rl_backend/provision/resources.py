@@ -40,6 +40,7 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("ConfigMap", "CoreV1Api", "config_map"),
     Kind("PersistentVolumeClaim", "CoreV1Api", "persistent_volume_claim"),
     Kind("Service", "CoreV1Api", "service"),
+    Kind("NetworkPolicy", "NetworkingV1Api", "network_policy"),
     Kind("Deployment", "AppsV1Api", "deployment"),
     Kind("Job", "BatchV1Api", "job"),
     Kind("RayJob", "CustomObjectsApi", group="ray.io", version="v1", plural="rayjobs"),
@@ -47,9 +48,9 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("Event", "CoreV1Api", "event"),
     Kind("EndpointSlice", "DiscoveryV1Api", "endpoint_slice"),
 )}
-# The order a provision applies in; `stop` deletes in reverse (the trainer first, the identity last).
-APPLY_ORDER = ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap", "PersistentVolumeClaim", "Service",
-               "Deployment", "Job", "RayJob"]
+# The order a provision applies in; `stop` deletes in reverse (the trainer first, the owner last).
+APPLY_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy",
+               "PersistentVolumeClaim", "Service", "Deployment", "Job", "RayJob"]
 
 
 def load_api_client(cluster: ClusterOptions) -> Any:

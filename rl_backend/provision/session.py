@@ -17,9 +17,18 @@ import yaml
 from rich.console import Console
 
 from rl_backend.provision.apply import Applier, Step, delete_train
+from rl_backend.provision.bundle import RolloutSource, rollout_source
 from rl_backend.provision.metrics import MetricsPrinter, follow
-from rl_backend.provision.options import ClusterOptions, Names, ProvisionError, ProvisionOptions, SecretRef, train_name
-from rl_backend.provision.plan import RAYJOB_CRD, Topology, choose_topology, template_context
+from rl_backend.provision.options import (
+    ClusterOptions,
+    Names,
+    ProvisionError,
+    ProvisionOptions,
+    SecretRef,
+    pinned,
+    train_name,
+)
+from rl_backend.provision.plan import RAYJOB_CRD, Topology, choose_topology, default_images, template_context
 from rl_backend.provision.render import Rendered, kind_name, render_all
 from rl_backend.provision.resources import Resources, api_errors, load_api_client
 from rl_backend.provision.target import TrainTarget, carried_files, key_refs, local_key_values, loopback_upstreams
@@ -68,6 +77,22 @@ def _cluster_for(target: TrainTarget, options: ProvisionOptions) -> ClusterOptio
     return ClusterOptions(options.namespace, kubeconfig, options.context or (spec.context if spec else None))
 
 
+def rollout_plan(target: TrainTarget, options: ProvisionOptions) -> RolloutSource:
+    runtime_image, _ = default_images()
+    spec = target.kubernetes
+    agent_image = options.agent_image or (spec.image if spec is not None else None)
+    return rollout_source(target.base_dir, target.agent, target.grader, agent_image=agent_image,
+                          runtime_image=options.gateway_image or runtime_image)
+
+
+def _image_notes(images: dict[str, str]) -> list[str]:
+    tagged = [f"{what} {image}" for what, image in images.items() if not pinned(image)]
+    if not tagged:
+        return []
+    return ["images named by tag, not digest (" + "; ".join(tagged) + "): a tag pushed again changes what runs; "
+            "pin each by digest (NAME@sha256:…) to run exactly that image"]
+
+
 def render_train(target: TrainTarget, options: ProvisionOptions, rayjob_installed: bool | None,
                  provision_id: str) -> tuple[Names, str, Topology, list[SecretRef], Rendered]:
     options.check()
@@ -76,27 +101,33 @@ def render_train(target: TrainTarget, options: ProvisionOptions, rayjob_installe
     topology = choose_topology(options, rayjob_installed)
     refs = key_refs(target, options.key_secrets)
     spec = target.kubernetes
+    source = rollout_plan(target, options)
     context = template_context(
         names=names, namespace=namespace, options=options, topology=topology, refs=refs,
-        files=carried_files(target, names, namespace, options.include), provision_id=provision_id,
+        files=carried_files(target, names, namespace, options.include, source), provision_id=provision_id,
         image_pull_secrets=list(spec.image_pull_secrets) if spec else [],
     )
     version = options.kubernetes_version or (spec.kubernetes_version if spec else DEFAULT_KUBERNETES_VERSION)
-    rendered = render_all(context, withheld=local_key_values(refs), kubernetes_version=version)
+    rendered = render_all(context, withheld=local_key_values(refs), kubernetes_version=version,
+                          rollout_policy=spec.network_policy if spec else None)
+    rendered.notes += source.notes
     for name in [n for n, u in target.upstreams.items() if u.kind == "embedded"]:
-        rendered.notes.append(f"upstream {name!r} is embedded: in the cluster the gateway is to reach the policy the "
-                              f"trainer serves with vLLM, at $AGL_POLICY_URL (Service {names.policy})")
+        rendered.notes.append(f"upstream {name!r} is embedded: in the cluster it is the policy being trained, served "
+                              "by the trainer's policy servers (vLLM on its GPUs), which it registers with the gateway")
     for upstream in loopback_upstreams(target):
         rendered.notes.append(f"upstream {upstream} names a loopback address, which in the cluster is the gateway's "
                               "own pod: point it at a Service or a reachable host")
+    rendered.notes += _image_notes({"trainer": context["trainer_image"], "gateway": context["gateway_image"],
+                                    "rollout": source.image})
     rendered.notes.insert(0, f"trainer: {'Job' if topology.kind == 'job' else 'RayJob'} on {topology.nodes} node(s) "
                              f"x {topology.gpus_per_node} GPU(s) ({topology.why})")
     return names, namespace, topology, refs, rendered
 
 
 def dry_run(target: TrainTarget, options: ProvisionOptions) -> ProvisionResult:
-    rayjob = True if options.trainer == "rayjob" else None
-    names, namespace, topology, _, rendered = render_train(target, options, rayjob, "dry-run")
+    names, namespace, topology, _, rendered = render_train(target, options, None, "dry-run")
+    rendered.notes.append(f"when applied, every object but the volumes gets an ownerReference to ConfigMap/"
+                          f"{names.config} (its uid exists only then): deleting it deletes the train")
     return ProvisionResult(names.train, namespace, topology, "dry-run", rendered.manifests, rendered.notes)
 
 
@@ -170,10 +201,11 @@ def provision(target: TrainTarget, options: ProvisionOptions, *, console: Consol
 def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *, console: Console, out: Console,
                token: Callable[[], str], sleep: Callable[[float], None],
                log: Callable[[str], None]) -> ProvisionResult:
-    installed = res.crd_installed(RAYJOB_CRD) if options.trainer != "job" else False
+    wanted = choose_topology(options, None)
+    installed = res.crd_installed(RAYJOB_CRD) if wanted.kind == "rayjob" else False
     if installed is None:
-        log("cannot tell whether KubeRay is installed (no permission to read CRDs); assuming it is not")
-        installed = options.trainer == "rayjob"
+        log("cannot tell whether KubeRay is installed (no permission to read CRDs); assuming it is")
+        installed = True
     provision_id = secrets.token_hex(6)
     names, namespace, topology, refs, rendered = render_train(target, options, installed, provision_id)
     for note in rendered.notes:

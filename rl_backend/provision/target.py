@@ -1,11 +1,14 @@
 """What a provision needs from agl.yaml: the upstream keys the gateway must get, and the project files the
 cluster must see.
 
-The cluster's copy of agl.yaml is adapted, not rewritten: its `kubernetes:` section (when there is one) gets the
-train's namespace, the in-cluster gateway URL (unless one is set), and the train's label on every rollout Job (so
-`agl train stop` finds leftovers); local-only keys (`kubeconfig`, `context`) go, since the trainer's pod uses its
-ServiceAccount. The files agl.yaml names (tasks, knob files) and `--include` ones travel in a ConfigMap, under the
-same relative paths, so the spec's relative paths resolve unchanged in the pod.
+The cluster's copy of agl.yaml is adapted, not rewritten: `runner: kubernetes` (every rollout is a Job: the
+trainer's pod runs no agent), and a `kubernetes:` section with the train's namespace, the in-cluster gateway's URL,
+the train's label on every rollout Job (so `agl train stop` finds leftovers), the image rollouts run (see
+bundle.py) and the project's ConfigMap, mounted in every rollout pod. Local-only keys go: `kubeconfig` and `context`
+(the trainer's pod uses its ServiceAccount), `gateway_listen`, and `network_policy` (the provision renders the
+rollout pods' policy itself: the train's Role cannot create one). The files agl.yaml names (tasks, knob files), the
+code the rollouts and the grader run, and `--include` ones travel in that ConfigMap, under the same relative paths,
+so the spec's relative paths resolve unchanged in every pod.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from urllib.parse import urlsplit
 import yaml
 
 from rl_backend.gateway.config import UpstreamSpec
+from rl_backend.provision.bundle import Program, RolloutSource, check_imports
 from rl_backend.provision.options import DEFAULT_KEY_SECRET, LABEL_TRAIN, Names, ProvisionError, SecretRef
 from rl_backend.rollout.k8s_spec import KubernetesSpec
+
+PROJECT_DIR = "/etc/agl/project"  # where every pod of a train sees the project (read-only)
 
 # A ConfigMap holds at most 1 MiB (etcd's object limit) including its metadata: leave room for the latter.
 MAX_CARRIED_BYTES = 900 * 1024
@@ -40,6 +46,8 @@ class TrainTarget:
     upstreams: Mapping[str, UpstreamSpec] = field(default_factory=dict)
     kubernetes: KubernetesSpec | None = None
     files: list[str] = field(default_factory=list)  # paths from agl.yaml (tasks, knob files), relative to its folder
+    agent: Program = field(default_factory=lambda: Program("agent"))
+    grader: Program = field(default_factory=lambda: Program("grader"))
 
     @property
     def base_dir(self) -> Path:
@@ -114,14 +122,17 @@ def _walk(path: Path) -> list[Path]:
     return [path]
 
 
-def carried_files(target: TrainTarget, names: Names, namespace: str, include: list[str]) -> CarriedFiles:
-    """agl.yaml (the cluster's copy) plus the files it names and `--include`, checked to fit one ConfigMap."""
+def carried_files(target: TrainTarget, names: Names, namespace: str, include: list[str],
+                  source: RolloutSource) -> CarriedFiles:
+    """agl.yaml (the cluster's copy) plus the files it names, the code rollouts and the grader run, and `--include`,
+    checked to fit one ConfigMap and to hold the local modules that code imports."""
     base = target.base_dir
     carried = CarriedFiles()
-    carried.data[_key(0, SPEC_FILE)] = cluster_spec_text(target, names, namespace)
     carried.items.append({"key": _key(0, SPEC_FILE), "path": SPEC_FILE})
     seen = {SPEC_FILE}
-    wanted = [(raw, "a file named in agl.yaml") for raw in target.files] + [(raw, "--include") for raw in include]
+    wanted = [(raw, "a file named in agl.yaml") for raw in target.files]
+    wanted += [(raw, "the code rollouts or the grader run") for raw in source.files]
+    wanted += [(raw, "--include") for raw in include]
     for raw, what in wanted:
         relative, path = _relative(base, raw, what)
         if not path.exists():
@@ -138,17 +149,23 @@ def carried_files(target: TrainTarget, names: Names, namespace: str, include: li
             except UnicodeDecodeError:
                 carried.binary_data[key] = base64.b64encode(content).decode()
             carried.items.append({"key": key, "path": rel})
+    check_imports(base, [p for p in carried.paths() if p.endswith(".py")])
+    carried.data[_key(0, SPEC_FILE)] = cluster_spec_text(target, names, namespace, source, carried.items)
     if carried.size() > MAX_CARRIED_BYTES:
         raise ProvisionError(
             f"agl.yaml and the files it names come to {carried.size() // 1024} KiB; a ConfigMap holds at most "
             f"{MAX_CARRIED_BYTES // 1024} KiB",
-            hint="build the large files (tasks, data) into the trainer image and name them by their path there",
+            hint="build the large files (tasks, data) into the agent's image and name them by their path there",
             exit_code=2,
         )
     return carried
 
 
-def cluster_spec_text(target: TrainTarget, names: Names, namespace: str) -> str:
+LOCAL_ONLY_KEYS = ("kubeconfig", "context", "gateway_listen", "network_policy")
+
+
+def cluster_spec_text(target: TrainTarget, names: Names, namespace: str, source: RolloutSource,
+                      items: list[dict[str, str]]) -> str:
     """The cluster's copy of agl.yaml (see the module docstring)."""
     try:
         data: Any = yaml.safe_load(target.config_path.read_text(encoding="utf-8"))
@@ -156,23 +173,19 @@ def cluster_spec_text(target: TrainTarget, names: Names, namespace: str) -> str:
         raise ProvisionError(f"cannot read {target.config_path}: {exc}", exit_code=2) from None
     if not isinstance(data, dict):
         raise ProvisionError(f"{target.config_path} is not a YAML mapping", exit_code=2)
-    section = data.get("kubernetes")
-    if isinstance(section, dict):
-        policy = section.get("network_policy")
-        if isinstance(policy, dict) and policy.get("enabled", True):
-            # The train's Role grants Jobs and Pods only: the controller could not create its NetworkPolicy.
-            raise ProvisionError(
-                "`kubernetes.network_policy` asks the rollout controller to create a NetworkPolicy, which the "
-                "train's Role does not allow (it grants Jobs and Pods only)",
-                hint=f"create the policy yourself for pods labelled {LABEL_TRAIN}={names.train} and "
-                     "app.kubernetes.io/component=rollout, and set `network_policy: {enabled: false}`", exit_code=2)
-        section = dict(section)
-        section.pop("kubeconfig", None)
-        section.pop("context", None)
-        section["namespace"] = namespace
-        section.setdefault("gateway_url", names.gateway_url(namespace))
-        section["labels"] = {**(section.get("labels") or {}), LABEL_TRAIN: names.train}
-        data["kubernetes"] = section
+    section = dict(data.get("kubernetes") or {})
+    for key in LOCAL_ONLY_KEYS:
+        section.pop(key, None)
+    section["image"] = source.image
+    if source.kind == "bundle":
+        section["workdir"] = PROJECT_DIR  # the agent's code is the shipped project's
+    section["namespace"] = namespace
+    # The deployed gateway, whatever agl.yaml says: a gateway_url for the laptop means nothing inside the cluster.
+    section["gateway_url"] = names.gateway_url(namespace)
+    section["labels"] = {**(section.get("labels") or {}), LABEL_TRAIN: names.train}
+    section["project"] = {"config_map": names.config, "items": items, "mount_path": PROJECT_DIR}
+    data["runner"] = "kubernetes"
+    data["kubernetes"] = section
     header = (f"# The cluster's copy of {target.config_path.name} for train {names.train!r}, written by "
               "`agl train --on kubernetes`.\n# Edit the original and re-run that command: this copy is replaced.\n")
     return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

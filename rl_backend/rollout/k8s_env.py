@@ -30,9 +30,11 @@ from urllib.parse import urlsplit
 GATEWAY_URL_VARS = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "AGL_REWARD_URL")
 SCOPED_TOKEN_VARS = {"OPENAI_API_KEY": "OPENAI_BASE_URL", "ANTHROPIC_API_KEY": "ANTHROPIC_BASE_URL"}
 ALWAYS_SAFE = {"PYTHONUNBUFFERED"}
-# Local-machine facts that would be wrong (or harmful) inside an image, whatever the user's globs say.
+# Local-machine facts that would be wrong (or harmful) inside an image, and agl's own credentials (the gateway's
+# admin token, the policy servers' key), whatever the user's globs or pass_env say.
 NEVER = {"PATH", "HOME", "PWD", "OLDPWD", "SHELL", "USER", "LOGNAME", "HOSTNAME", "TMPDIR", "AGL_HOME",
-         "KUBECONFIG", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD"}
+         "KUBECONFIG", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "AGL_GATEWAY_ADMIN_TOKEN",
+         "AGL_POLICY_API_KEY"}
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 _STRONG_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW", re.IGNORECASE)
 MAX_FILE_BYTES = 96 * 1024  # base64 grows it by 4/3: stays under the kernel's 128 KiB per env string

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import jinja2
 import yaml
 
-from rl_backend.rollout.k8s_spec import KubernetesSpec
+from rl_backend.rollout.k8s_spec import DnsSpec, KubernetesSpec
 
 LABEL_RUN = "agl.dev/run"
 LABEL_ROLLOUT = "agl.dev/rollout"
@@ -192,6 +192,10 @@ def check_no_leak(manifest: dict[str, Any], withheld: list[str]) -> None:
             raise ManifestError("the rendered manifest contains the value of a secret from agl's environment")
 
 
+def dns_context(rule: DnsSpec | None) -> dict[str, Any] | None:
+    return rule.model_dump() if rule is not None else None
+
+
 def render_policy(spec: KubernetesSpec, run_id: str, base_dir: Path) -> dict[str, Any]:
     policy = spec.network_policy
     assert policy is not None
@@ -207,7 +211,8 @@ def render_policy(spec: KubernetesSpec, run_id: str, base_dir: Path) -> dict[str
         template, name=policy_name(run_id), namespace=spec.namespace,
         labels={**run_selector(run_id), "app.kubernetes.io/managed-by": "agl"}, pod_selector=run_selector(run_id),
         gateway_cidrs=cidrs, gateway_pod_selector=policy.gateway_pod_selector,
-        gateway_namespace_selector=policy.gateway_namespace_selector, gateway_port=port, dns=policy.dns, spec=spec,
+        gateway_namespace_selector=policy.gateway_namespace_selector, gateway_port=port, dns=dns_context(policy.dns_rule()),
+        spec=spec,
     )
     manifest = load_manifest(text, str(template))
     validate_schema(manifest, spec.kubernetes_version)
@@ -225,7 +230,8 @@ def pod_command(command: str, python: str) -> str:
 
 def rollout_labels(spec: KubernetesSpec, run_id: str, rollout_id: str, job_labels: Mapping[str, str]) -> dict[str, str]:
     labels = {k: label_value(v) for k, v in spec.labels.items()}
-    labels.update({"app.kubernetes.io/managed-by": "agl", "app.kubernetes.io/component": "rollout"})
+    labels.update({"app.kubernetes.io/managed-by": "agl", "app.kubernetes.io/name": "agl",
+                   "app.kubernetes.io/component": "rollout"})
     labels.update({LABEL_RUN: label_value(run_id), LABEL_ROLLOUT: label_value(rollout_id)})
     if "variant" in job_labels:
         labels[LABEL_VARIANT] = label_value(job_labels["variant"])
@@ -272,6 +278,7 @@ def render_job(
         env_from_secrets=spec.env_from_secrets, resources=spec.resources.model_dump(),
         rollout_dir=rollout_dir.as_posix(), tmp_size=spec.tmp_size, work_size=spec.work_size,
         deadline_s=deadline_seconds(timeout_s, spec), ttl_s=spec.ttl_seconds_after_finished, spec=spec,
+        project=spec.project.model_dump() if spec.project else None,
     )
     manifest = load_manifest(text, str(template))
     validate_schema(manifest, spec.kubernetes_version)

@@ -47,27 +47,97 @@ class SecuritySpec(_Strict):
     )
 
 
+def _check_cidrs(value: list[str]) -> list[str]:
+    for cidr in value:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ValueError(f"{cidr!r} is not an IP network (write 10.0.3.7/32)") from None
+    return value
+
+
+class DnsSpec(_Strict):
+    """Where rollout pods may resolve names. The default is the cluster's DNS pods (label k8s-app: kube-dns, any
+    namespace) on port 53. NodeLocal DNSCache answers on a link-local address of each node: add it to `cidrs`
+    (e.g. 169.254.20.10/32). OpenShift's DNS pods live in namespace openshift-dns, labelled
+    dns.operator.openshift.io/daemonset-dns: default, and listen on port 5353."""
+
+    pod_selector: dict[str, str] | None = Field(default_factory=lambda: {"k8s-app": "kube-dns"},
+                                                description="labels of the DNS pods (null: none by selector)")
+    namespace_selector: dict[str, str] | None = Field(default_factory=dict, description="{}: any namespace")
+    cidrs: list[str] = Field(default_factory=list, description="DNS servers by address, e.g. 169.254.20.10/32")
+    ports: list[int] = Field(default_factory=lambda: [53], min_length=1, description="the DNS ports (UDP and TCP)")
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        return _check_cidrs(value)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        if not all(0 < port < 65536 for port in value):
+            raise ValueError("DNS ports must be between 1 and 65535")
+        return value
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> DnsSpec:
+        if self.pod_selector is None and not self.cidrs:
+            raise ValueError("dns needs a pod_selector or cidrs (or `dns: false` for no DNS at all)")
+        return self
+
+
 class NetworkPolicySpec(_Strict):
-    """Egress only to the gateway (and cluster DNS); no ingress. Needs a CNI that enforces NetworkPolicy."""
+    """Egress only to the gateway (and DNS); no ingress. Needs a CNI that enforces NetworkPolicy."""
 
     enabled: bool = Field(default=True, description="create the NetworkPolicy")
-    gateway_cidrs: list[str] = Field(default_factory=list, description="the gateway's addresses, e.g. 10.0.3.7/32")
+    gateway_cidrs: list[str] = Field(default_factory=list, description="the gateway's pod or host addresses, e.g. "
+                                                                       "10.0.3.7/32 (a Service's ClusterIP never "
+                                                                       "matches: policies see pod addresses)")
     gateway_pod_selector: dict[str, str] | None = Field(default=None, description="when the gateway runs in-cluster")
     gateway_namespace_selector: dict[str, str] | None = Field(
         default=None, description="the gateway pod's namespace labels, with gateway_pod_selector"
     )
     gateway_port: int | None = Field(default=None, ge=1, le=65535, description="default: the port of gateway_url")
-    dns: bool = Field(default=True, description="also allow cluster DNS")
+    dns: bool | DnsSpec = Field(default=True, description="true: the cluster's kube-dns pods; false: none; or a "
+                                                          "DnsSpec (NodeLocal DNSCache, OpenShift)")
     template: str | None = Field(default=None, description="your own NetworkPolicy jinja2 template")
 
     @field_validator("gateway_cidrs")
     @classmethod
     def _cidrs(cls, value: list[str]) -> list[str]:
-        for cidr in value:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not an IP network (write 10.0.3.7/32)") from None
+        return _check_cidrs(value)
+
+    def dns_rule(self) -> DnsSpec | None:
+        """The DNS egress rule to render, or None for none."""
+        if self.dns is True:
+            return DnsSpec()
+        return self.dns or None
+
+
+class ProjectSpec(_Strict):
+    """The project's files from a ConfigMap, mounted read-only in every rollout pod at `mount_path`. Set by
+    `agl train --on kubernetes` on the cluster's copy of agl.yaml, so that rollout pods see the files the trainer
+    sees (knob files, and the agent's code when no agent image is given)."""
+
+    config_map: str = Field(description="the ConfigMap holding the project's files")
+    items: list[dict[str, str]] = Field(min_length=1, description="{key, path}: ConfigMap key to relative path")
+    mount_path: str = Field(default="/etc/agl/project", description="where rollout pods see the files (absolute)")
+
+    @field_validator("items")
+    @classmethod
+    def _items(cls, value: list[dict[str, str]]) -> list[dict[str, str]]:
+        for item in value:
+            path = item.get("path", "")
+            if set(item) != {"key", "path"} or not path or path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(f"{item!r}: each item is {{key, path}} with a relative path inside the folder")
+        return value
+
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError(f"mount_path {value!r} must be absolute")
         return value
 
 
@@ -108,6 +178,10 @@ class KubernetesSpec(_Strict):
     network_policy: NetworkPolicySpec | None = Field(
         default=None, description="restrict the pods' egress to the gateway ({} for the defaults)"
     )
+    project: ProjectSpec | None = Field(
+        default=None, description="set by `agl train --on kubernetes`: the project's files from a ConfigMap, mounted "
+        "in every rollout pod"
+    )
     ttl_seconds_after_finished: int = Field(
         default=3600, ge=0, description="Kubernetes deletes a finished Job after this (a cleanup after a crash)"
     )
@@ -116,6 +190,21 @@ class KubernetesSpec(_Strict):
     )
     deadline_grace_s: float = Field(
         default=60.0, ge=0, description="how long past the Job's deadline agl waits before giving up on the cluster"
+    )
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, description="each Kubernetes API request (connect, then read) gives up after this"
+    )
+    api_retry_s: float = Field(
+        default=300.0, ge=0, description="how long agl keeps retrying while the Kubernetes API is unreachable or "
+        "failing (refused connections, timeouts, 5xx, 429) before it ends the run"
+    )
+    api_backoff_max_s: float = Field(default=10.0, gt=0, description="the longest pause between two retries")
+    pod_check_s: float = Field(
+        default=3.0, gt=0, description="how often the run's pods are checked for one that cannot start"
+    )
+    unstartable_after_s: float = Field(
+        default=10.0, ge=0, description="how long a pod may stay Unschedulable or in ErrImagePull (which the "
+        "cluster may still resolve) before its rollout fails; ImagePullBackOff and container config errors fail at once"
     )
     create_qps: float = Field(default=5.0, gt=0, description="Job creations per second (token bucket)")
     create_burst: int = Field(default=10, ge=1, description="Job creations allowed at once (token bucket size)")

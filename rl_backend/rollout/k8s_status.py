@@ -59,3 +59,37 @@ def container_exit_code(pod: Mapping[str, Any], container: str) -> int | None:
             if terminated and terminated.get("exitCode") is not None:
                 return int(terminated["exitCode"])
     return None
+
+
+# A pod in one of these will not start without a change by the user: its rollout fails at once.
+CANNOT_START = {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+                "CreateContainerError"}
+# These the cluster may still resolve (a registry blip, an autoscaler adding a node): failed once they last.
+MAY_NOT_START = {"ErrImagePull", "Unschedulable"}
+
+
+@dataclass(frozen=True)
+class StartProblem:
+    reason: str
+    message: str
+    definite: bool  # True: fail now; False: fail once it has lasted `unstartable_after_s`
+
+
+def start_problem(pod: Mapping[str, Any]) -> StartProblem | None:
+    """Why a pod is not starting, if it is stuck: a container waiting on an image or on its config, or no node to
+    schedule it on."""
+    status = pod.get("status") or {}
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in CANNOT_START or reason in MAY_NOT_START:
+            return StartProblem(str(reason), str(waiting.get("message") or ""), reason in CANNOT_START)
+    for condition in status.get("conditions") or []:
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            return StartProblem("Unschedulable", str(condition.get("message") or ""), False)
+    return None
+
+
+def job_name_of(pod: Mapping[str, Any]) -> str | None:
+    return _job_name_of(pod)

@@ -79,13 +79,14 @@ class JobWatcher:
         watch_timeout_s: int = 300,
         resync_s: float = 300.0,
         read_slack_s: float = READ_SLACK_S,
+        backoff_max_s: float = 10.0,
     ) -> None:
         self.batch, self.namespace, self.selector = batch, namespace, dict(selector)
         self.label_selector = ",".join(f"{k}={v}" for k, v in self.selector.items())
         self.loop, self.on_event, self.on_list = loop, on_event, on_list
         # A watch ends at its server-side timeout at the latest by the next resync, which then relists.
         self.watch_timeout_s = max(1, min(watch_timeout_s, math.ceil(resync_s)))
-        self.resync_s, self.read_slack_s = resync_s, read_slack_s
+        self.resync_s, self.read_slack_s, self.backoff_max_s = resync_s, read_slack_s, backoff_max_s
         self.resource_version: str | None = None
         self.listed_at = 0.0
         # Counters, for diagnostics and tests.
@@ -139,7 +140,7 @@ class JobWatcher:
                 self.errors += 1
                 failures += 1
                 log.debug("job watch dropped (%s), resuming from %s", exc, self.resource_version)
-                self._stopping.wait(min(10.0, 0.2 * 2 ** min(failures, 6)))
+                self._stopping.wait(min(self.backoff_max_s, 0.2 * 2 ** min(failures, 6)))
 
     def _list(self) -> None:
         started = time.monotonic()

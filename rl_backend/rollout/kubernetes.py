@@ -5,12 +5,21 @@ of the creation rate limit, and creates it under a name derived from (run, rollo
 and adopts the existing Job. One shared list+watch (k8s_watch.JobWatcher) reports the Job's states; the rollout
 ends on the Job's Complete or Failed condition, on its disappearance, or — if the cluster never ends it —
 `deadline_grace_s` after its activeDeadlineSeconds, when agl deletes it itself. Then the pod's exit code and log
-are read: the wrapper script prints the output file at the end of the log (k8s_output), and agl writes it to the
-local AGL_OUTPUT_FILE, where the grader finds it as with local processes.
+are read (k8s_results): the wrapper script prints the output file at the end of the log (k8s_output), and agl
+writes it to the local AGL_OUTPUT_FILE, where the grader finds it as with local processes.
 
 Mapping to ProcessResult: Complete → exit 0; Failed/DeadlineExceeded → timed_out; other Failed → the container's
-exit code (else the wrapper's, else None with the reason as the last stderr line); vanished → None and a reason.
-Cancelling `run` deletes its Job; `close()` deletes every Job (and the NetworkPolicy) carrying the run's label.
+exit code (else the wrapper's, else None with the reason as the last stderr line); vanished → None and a reason;
+a pod that cannot start (k8s_pods: ImagePullBackOff, CreateContainerConfigError, Unschedulable, ...) → None, with
+the waiting reason and its message, within seconds rather than at the deadline.
+Cancelling `run` returns at once and deletes its Job in the background; `close()` finishes those deletes and
+deletes every Job (and the NetworkPolicy) carrying the run's label.
+
+The API server is not trusted to answer: every request has a timeout, creates and result reads ride out an outage
+for `api_retry_s` (k8s_client.KubeApi.retrying), and a rollout ends at its deadline (plus `deadline_grace_s`)
+whatever the API does. A run resumed after a crash adopts the Jobs its dead predecessor left (same run label): its
+first list finds them, and they are deleted, since their attempts are run again (their gateway tokens died with
+that process) and would otherwise run to their deadline beside the new ones.
 
 The `kubernetes` package (the `k8s` extra) is imported only when a controller is built.
 """
@@ -18,7 +27,7 @@ The `kubernetes` package (the `k8s` extra) is imported only when a controller is
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -27,11 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from rl_backend.rollout.base import ProcessResult, RolloutJob
-from rl_backend.rollout.k8s_client import KubeApi, KubernetesConfigError, api_message, load_client
+from rl_backend.rollout.k8s_client import (
+    KubeApi,
+    KubernetesConfigError,
+    KubernetesUnavailableError,
+    api_message,
+    check_not_service_ips,
+    describe,
+    load_client,
+    transient,
+)
 from rl_backend.rollout.k8s_env import PodEnvError, UnreachableGatewayError, build_pod_env
 from rl_backend.rollout.k8s_manifest import (
     ANNOTATION_MARKER,
-    CONTAINER,
     LABEL_RUN,
     ManifestError,
     deadline_seconds,
@@ -41,14 +58,14 @@ from rl_backend.rollout.k8s_manifest import (
     render_policy,
     run_selector,
 )
-from rl_backend.rollout.k8s_output import LogReader, PodOutput
+from rl_backend.rollout.k8s_pods import PodInspector, stuck_reason
+from rl_backend.rollout.k8s_results import RolloutResults
 from rl_backend.rollout.k8s_spec import KubernetesSpec
-from rl_backend.rollout.k8s_status import container_exit_code, job_outcome, newest_pod
+from rl_backend.rollout.k8s_status import StartProblem, job_outcome
 from rl_backend.rollout.k8s_watch import JobWatcher, TokenBucket
 from rl_backend.rollout.local import TAIL_BYTES
 
-RETRYABLE = {429, 500, 502, 503, 504}
-CREATE_ATTEMPTS = 5
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,6 +73,7 @@ class _Ending:
     job: dict[str, Any] | None  # the Job's final state; None when it vanished or agl gave up on it
     reason: str = ""
     overdue: bool = False
+    stuck: bool = False  # its pod cannot start
 
 
 @dataclass
@@ -69,6 +87,7 @@ class _Waiter:
 class _Counters:
     created: int = 0
     adopted: int = 0
+    orphans_deleted: int = 0  # Jobs a crashed process of this run left behind
     create_times: list[float] = field(default_factory=list)  # when each creation got its rate-limit token
 
 
@@ -103,12 +122,18 @@ class KubernetesController:
         self.watch_read_slack_s = watch_read_slack_s
         self._own_client = api_client is None
         self.api = KubeApi(api_client if api_client is not None else load_client(spec, base_dir), spec.namespace,
-                           max_workers)
+                           max_workers, request_timeout_s=spec.request_timeout_s, api_retry_s=spec.api_retry_s,
+                           backoff_max_s=spec.api_backoff_max_s)
         self.selector = run_selector(run_id)
         self.bucket = TokenBucket(spec.create_qps, spec.create_burst)
         self.counters = _Counters()
         self.watcher: JobWatcher | None = None
+        self.pods: PodInspector | None = None
+        self.results = RolloutResults(self.api, spec, tail_bytes)
         self._waiters: dict[str, _Waiter] = {}
+        self._mine: set[str] = set()  # Jobs this process made or took over; others of the run are a dead one's
+        self._orphans_checked = False
+        self._cleanups: set[asyncio.Task[Any]] = set()
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
 
@@ -129,9 +154,10 @@ class KubernetesController:
             # Rendering and schema validation take milliseconds of CPU: off the event loop, like the API calls.
             manifest = await self.api.call(self._manifest, job)
         except PodEnvError as exc:
-            return self._result_without_job(started, str(exc))
+            return self.results.without_job(started, str(exc))
         waiter = _Waiter(asyncio.get_running_loop().create_future())
         self._waiters[name] = waiter
+        self._mine.add(name)
         try:
             await self._ensure_started()
             await self.bucket.acquire()
@@ -150,14 +176,17 @@ class KubernetesController:
                 try:
                     await self.api.delete_job(name)
                 except Exception as exc:  # noqa: BLE001 - the rollout is over either way; say what happened
-                    reason += f" and could not delete it ({exc}); close() will retry"
+                    reason += f" and could not delete it ({describe(exc)}); close() will retry"
                 ending = _Ending(None, overdue=True, reason=reason)
-            return await self._result(job, name, marker, ending, started)
+            if ending.job is None and ending.stuck:
+                self._delete_later(name)  # its pod will never start: the Job goes now, not at its deadline
+            if ending.job is None:
+                return self.results.without_job(started, ending.reason, timed_out=ending.overdue)
+            return await self.results.collect(job, name, marker, ending.job, started)
         except asyncio.CancelledError:
             if not self._closed:  # once closed, close() has deleted every Job of the run
-                # A failed delete must not replace the cancellation; close() deletes by label again.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.api.delete_job(name))
+                # In the background: a cancelled rollout returns now, even when the API does not answer.
+                self._delete_later(name)
             raise
         finally:
             self._waiters.pop(name, None)
@@ -190,41 +219,47 @@ class KubernetesController:
                     policy = render_policy(self.spec, self.run_id, self.base_dir)
                 except ManifestError as exc:
                     raise KubernetesConfigError(str(exc)) from None
-                await self.api.apply_policy(policy)
+                await check_not_service_ips(self.api, policy)
+                await self.api.retrying("creating the run's NetworkPolicy", lambda: self.api.apply_policy(policy))
+            self.pods = PodInspector(self.api, self.selector, interval_s=self.spec.pod_check_s,
+                                     grace_s=self.spec.unstartable_after_s, watched=self._watched,
+                                     on_stuck=self._on_stuck)
+            self.pods.start()
             watcher = JobWatcher(
                 self.api.batch, self.spec.namespace, self.selector, asyncio.get_running_loop(), self._on_event,
                 self._on_list, watch_timeout_s=self.spec.watch_timeout_s, resync_s=self.spec.resync_s,
-                read_slack_s=self.watch_read_slack_s,
+                read_slack_s=self.watch_read_slack_s, backoff_max_s=self.spec.api_backoff_max_s,
             )
             watcher.start()
             self.watcher = watcher
 
     async def _create(self, name: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the Job; a 409 adopts the existing one (a create retried after an answer that never came, or a
+        rollout run again under the same id). Transient failures are retried through an outage."""
         from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
 
         namespace = self.spec.namespace
-        for attempt in range(CREATE_ATTEMPTS):
+
+        async def attempt() -> dict[str, Any]:
             try:
                 created = await self.api.json(self.api.batch.create_namespaced_job, namespace, manifest)
-                self.counters.created += 1
-                return created
             except ApiException as exc:
                 if exc.status == 409:
                     return await self._adopt(name)
-                if exc.status not in RETRYABLE or attempt == CREATE_ATTEMPTS - 1:
-                    raise KubernetesConfigError(
-                        f"cannot create Job {name} in namespace {namespace}: {exc.status} {exc.reason}: "
-                        f"{api_message(exc)}"
-                    ) from None
-            except (HTTPError, OSError) as exc:
-                if attempt == CREATE_ATTEMPTS - 1:
-                    raise KubernetesConfigError(f"cannot reach the Kubernetes API: {exc}") from None
-            await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
-        raise AssertionError("unreachable")
+                raise
+            self.counters.created += 1
+            return created
+
+        try:
+            return await self.api.retrying(f"creating Job {name}", attempt)
+        except ApiException as exc:
+            raise KubernetesConfigError(
+                f"cannot create Job {name} in namespace {namespace}: {exc.status} {exc.reason}: {api_message(exc)}"
+            ) from None
 
     async def _adopt(self, name: str) -> dict[str, Any]:
-        existing = await self.api.json(self.api.batch.read_namespaced_job, name, self.spec.namespace)
+        existing = await self.api.retrying(
+            f"reading Job {name}", lambda: self.api.json(self.api.batch.read_namespaced_job, name, self.spec.namespace))
         labels = (existing.get("metadata") or {}).get("labels") or {}
         if labels.get(LABEL_RUN) != self.selector[LABEL_RUN]:
             raise KubernetesConfigError(f"Job {name} exists and belongs to another run ({labels.get(LABEL_RUN)})")
@@ -255,6 +290,14 @@ class KubernetesController:
                 waiter.future.set_result(_Ending(None, reason=f"Job {name} was deleted before it finished"))
 
     def _on_list(self, jobs: list[dict[str, Any]], started: float) -> None:
+        if not self._orphans_checked:
+            self._orphans_checked = True
+            orphans = [n for job in jobs if (n := (job.get("metadata") or {}).get("name")) and n not in self._mine]
+            for name in orphans:
+                log.info("deleting Job %s, left by an earlier process of run %s", name, self.run_id)
+                self._mine.add(name)
+                self.counters.orphans_deleted += 1
+                self._delete_later(name)
         present = set()
         for job in jobs:
             present.add((job.get("metadata") or {}).get("name"))
@@ -265,74 +308,26 @@ class KubernetesController:
             if waiter.confirmed_at < started:  # it existed before this list began, and the list lacks it
                 waiter.future.set_result(_Ending(None, reason=f"Job {name} disappeared before it finished"))
 
-    # -- results ---------------------------------------------------------------------------------------------------
+    def _watched(self) -> set[str]:
+        return {name for name, w in self._waiters.items() if w.confirmed_at is not None and not w.future.done()}
 
-    def _result_without_job(self, started: float, reason: str, *, timed_out: bool = False) -> ProcessResult:
-        note = f"agl: {reason}\n"
-        return ProcessResult(
-            exit_code=None, timed_out=timed_out, duration_s=time.monotonic() - started, stdout_tail="",
-            stderr_tail=note, stdout_bytes=0, stderr_bytes=len(note),
-        )
+    def _on_stuck(self, name: str, pod: str, problem: StartProblem) -> None:
+        waiter = self._waiters.get(name)
+        if waiter is not None and not waiter.future.done():
+            waiter.future.set_result(_Ending(None, reason=stuck_reason(pod, problem), stuck=True))
 
-    async def _result(
-        self, job: RolloutJob, name: str, marker: str, ending: _Ending, started: float
-    ) -> ProcessResult:
-        if ending.job is None:
-            return self._result_without_job(started, ending.reason, timed_out=ending.overdue)
-        outcome = job_outcome(ending.job)
-        assert outcome is not None
-        notes: list[str] = []
-        pod, out = await self._read_pod(name, marker, notes)
-        code = container_exit_code(pod, CONTAINER) if pod is not None else None
-        if out.output is not None and job.env.get("AGL_OUTPUT_FILE"):
-            _write_output(Path(job.env["AGL_OUTPUT_FILE"]), out.output)
-            if out.output_size is not None and out.output_size > len(out.output):
-                notes.append(f"the output file has {out.output_size} bytes; only the first {len(out.output)} came "
-                             "back (kubernetes.max_output_bytes)")
-        timed_out = outcome.kind == "deadline"
-        exit_code: int | None = None
-        if outcome.kind == "succeeded":
-            exit_code = 0
-        elif not timed_out:
-            exit_code = code if code is not None else out.exit_code
-            if not exit_code:  # unknown, or a failed Job whose container claims success: say why it failed
-                exit_code = None
-                notes.append(f"Job {name} failed: {outcome.detail}")
-        notes.extend(out.problems)
-        stderr = out.stderr if out.stderr is not None else ""
-        stderr_bytes = out.stderr_size if out.stderr_size is not None else len(stderr.encode())
-        if notes:
-            stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + "".join(f"agl: {n}\n" for n in notes)
-        return ProcessResult(
-            exit_code=exit_code, timed_out=timed_out, duration_s=time.monotonic() - started,
-            stdout_tail=out.log_tail, stderr_tail=stderr, stdout_bytes=out.log_bytes, stderr_bytes=stderr_bytes,
-        )
+    def _delete_later(self, name: str) -> None:
+        """Delete a Job without waiting for it; close() waits for what is still pending."""
 
-    async def _read_pod(self, name: str, marker: str, notes: list[str]) -> tuple[dict[str, Any] | None, PodOutput]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        async def delete() -> None:
+            try:
+                await self.api.delete_job(name)
+            except Exception as exc:  # noqa: BLE001 - close() deletes by label again
+                log.debug("could not delete Job %s: %s", name, exc)
 
-        try:
-            pods = await self.api.json(
-                self.api.core.list_namespaced_pod, self.spec.namespace, label_selector=f"job-name={name}"
-            )
-            pod = newest_pod(pods.get("items") or [], name)
-        except (ApiException, HTTPError, OSError) as exc:
-            notes.append(f"cannot list the pods of Job {name}: {exc}")
-            return None, PodOutput()
-        if pod is None:
-            notes.append(f"Job {name} has no pod left to read its log from")
-            return None, PodOutput()
-        reader = LogReader(marker, self.tail_bytes, (self.spec.max_output_bytes + self.tail_bytes) * 2 + 65536)
-        pod_name = pod["metadata"]["name"]
-        try:
-            await self.api.call(self.api.stream_log, pod_name, CONTAINER, reader.feed)
-        except (ApiException, HTTPError, OSError) as exc:
-            notes.append(f"cannot read the log of pod {pod_name}: {exc}")
-        result = reader.result()
-        if marker and not result.complete and not notes:
-            notes.append(f"the log of pod {pod_name} has no complete output block (was the agent killed?)")
-        return pod, result
+        task = asyncio.get_running_loop().create_task(delete())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     # -- cleanup ---------------------------------------------------------------------------------------------------
 
@@ -341,28 +336,34 @@ class KubernetesController:
         return await self.api.delete_jobs(self.selector)
 
     async def close(self) -> None:
-        """Stop watching; delete the run's Jobs and NetworkPolicy. Safe to call twice."""
+        """Stop watching; delete the run's Jobs and NetworkPolicy. Safe to call twice. Bounded: with an API that
+        does not answer it gives up after a few request timeouts and says so in the log (the Jobs' deadlines and
+        TTL end them; `agl train stop` deletes a train's by label)."""
         if self._closed:
             return
         self._closed = True
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_result(_Ending(None, reason="the rollout controller was closed"))
+        if self.pods is not None:
+            await self.pods.stop()
         if self.watcher is not None:
-            await self.api.call(self.watcher.stop)
+            # A watch blocked on a silent server ends at its own read timeout: its thread is not waited for longer.
+            await self.api.call(self.watcher.stop, min(5.0, self.spec.request_timeout_s))
+        if self._cleanups:  # deletes started by cancelled rollouts: each bounded by the request timeout
+            await asyncio.wait(list(self._cleanups), timeout=self.spec.request_timeout_s + 1)
         try:
             await self.delete_run_jobs()
             if self.spec.network_policy is not None and self.spec.network_policy.enabled:
                 await self.api.delete_policy(policy_name(self.run_id))
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            log.warning("could not delete the Jobs of run %s (%s): their deadlines and TTL end them", self.run_id,
+                        describe(exc))
         finally:
             self.api.close(self._own_client)
 
 
-def _write_output(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".part")
-    partial.write_bytes(data)
-    partial.replace(path)
 
-
-__all__ = ["KubernetesConfigError", "KubernetesController", "KubernetesSpec"]
+__all__ = ["KubernetesConfigError", "KubernetesController", "KubernetesSpec", "KubernetesUnavailableError"]

@@ -1,0 +1,178 @@
+"""Isolation of a train on the cluster, judged on what the provision renders: who may reach whom under its
+NetworkPolicies (with Kubernetes' NetworkPolicy semantics, tests/fixtures/netpol.py), the policy servers' key (a
+generated Secret, only in the gateway's and the trainer's pods), and which pods hold a Kubernetes API token."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rl_backend.provision.session import dry_run
+from rl_backend.rollout.k8s_manifest import render_job, rollout_labels
+from rl_backend.rollout.k8s_spec import KubernetesSpec
+from tests.test_provision_support import NAMES, fast_schemas, load_target, options, write_project  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from k8s_rollouts import make_job  # noqa: E402
+from netpol import Pod, allowed  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _of(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def cluster_spec(manifests: list[dict[str, Any]]) -> KubernetesSpec:
+    """The `kubernetes:` section of the cluster's copy of agl.yaml, as the trainer's rollout controller reads it."""
+    (config,) = _of(manifests, "ConfigMap")
+    text = next(v for k, v in config["data"].items() if k.endswith("agl.yaml"))
+    return KubernetesSpec.model_validate(yaml.safe_load(text)["kubernetes"])
+
+
+def rollout_job(manifests: list[dict[str, Any]], root: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """A rollout Job as the trainer's controller renders it from the cluster's agl.yaml."""
+    spec = cluster_spec(manifests)
+    job = make_job(root, "r1-1", {"id": "t1"}, extra_env=env)
+    from rl_backend.rollout.k8s_env import build_pod_env
+
+    pod = build_pod_env(job.env, job.rollout_id, job.rollout_dir, gateway_url=spec.gateway_url, fixed_env=spec.env)
+    return render_job(spec, run_id="20261201-1", rollout_id=job.rollout_id, command=job.command,
+                      timeout_s=job.timeout_s, rollout_dir=job.rollout_dir, output_file=job.env["AGL_OUTPUT_FILE"],
+                      job_labels=job.labels, env=pod.env, files=pod.files, withheld=pod.withheld, marker="m0",
+                      base_dir=root, tail_bytes=1024)
+
+
+def _pods(manifests: list[dict[str, Any]], root: Path) -> dict[str, Pod]:
+    """A pod for each role, labelled as its controller labels it (Deployment, Job, KubeRay), plus strangers."""
+    pods = {
+        "gateway": Pod("gateway", _of(manifests, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]),
+        "rollout": Pod("rollout", rollout_job(manifests, root)["spec"]["template"]["metadata"]["labels"]),
+        "other": Pod("other", {"app": "something-else"}),
+        "same-labels-elsewhere": Pod("elsewhere", {"app.kubernetes.io/component": "rollout"}, namespace="team-b"),
+        "operator": Pod("operator", {"app.kubernetes.io/name": "kuberay-operator"}, namespace="ray-system"),
+    }
+    for job in _of(manifests, "Job"):
+        pods["trainer"] = Pod("trainer", job["spec"]["template"]["metadata"]["labels"])
+    for rayjob in _of(manifests, "RayJob"):
+        cluster = rayjob["spec"]["rayClusterSpec"]
+        pods["head"] = Pod("head", {**cluster["headGroupSpec"]["template"]["metadata"]["labels"],
+                                    "ray.io/node-type": "head"})
+        pods["worker"] = Pod("worker", {**cluster["workerGroupSpecs"][0]["template"]["metadata"]["labels"],
+                                        "ray.io/node-type": "worker"})
+        pods["submitter"] = Pod("submitter", rayjob["spec"]["submitterPodTemplate"]["metadata"]["labels"])
+    return pods
+
+
+def test_only_the_gateway_reaches_the_policy_and_only_rollouts_and_the_trainer_reach_the_gateway(
+        tmp_path: Path) -> None:
+    manifests = dry_run(load_target(write_project(tmp_path)), options(gpus=8)).manifests
+    policies = _of(manifests, "NetworkPolicy")
+    pods = _pods(manifests, tmp_path)
+    gateway, trainer = pods["gateway"], pods["trainer"]
+    assert allowed(policies, pods["rollout"], gateway, 8090)
+    assert allowed(policies, trainer, gateway, 8090)  # the driver registers rollouts and its policy servers
+    for stranger in ("other", "same-labels-elsewhere", "operator"):
+        assert not allowed(policies, pods[stranger], gateway, 8090), stranger
+    assert not allowed(policies, pods["rollout"], gateway, 9999)
+    # The policy servers listen on ports verl picks: the gateway reaches any of them, nobody else any.
+    for port in (8000, 41234, 60001):
+        assert allowed(policies, gateway, trainer, port)
+        for other in ("rollout", "other", "same-labels-elsewhere"):
+            assert not allowed(policies, pods[other], trainer, port), (other, port)
+
+
+def test_nothing_outside_the_ray_cluster_reaches_it(tmp_path: Path) -> None:
+    manifests = dry_run(load_target(write_project(tmp_path)), options(gpus=16, nodes=2)).manifests
+    policies = _of(manifests, "NetworkPolicy")
+    pods = _pods(manifests, tmp_path)
+    head, worker = pods["head"], pods["worker"]
+    # Ray's own traffic: GCS, raylets, object store, NCCL, any port, both ways.
+    assert allowed(policies, worker, head, 6379) and allowed(policies, head, worker, 45678)
+    assert allowed(policies, worker, worker, 29500)
+    # Job submission and status: the submitter and the KubeRay operator, on the dashboard's port only.
+    assert allowed(policies, pods["submitter"], head, 8265) and allowed(policies, pods["operator"], head, 8265)
+    assert not allowed(policies, pods["operator"], head, 6379) and not allowed(policies, pods["submitter"], head, 10001)
+    for stranger in ("rollout", "gateway", "other", "same-labels-elsewhere"):
+        for port in (8265, 6379, 10001):
+            assert not allowed(policies, pods[stranger], head, port), (stranger, port)
+    # The policy servers live on the GPU workers: the gateway reaches them there, and not the head.
+    assert allowed(policies, pods["gateway"], worker, 41234)
+    assert not allowed(policies, pods["gateway"], head, 41234)
+    assert not allowed(policies, pods["rollout"], worker, 41234)
+    assert allowed(policies, head, pods["gateway"], 8090) and allowed(policies, worker, pods["gateway"], 8090)
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container.get("env") or []}
+
+
+def _containers(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    found = {}
+    for manifest in manifests:
+        if manifest["kind"] in ("Deployment", "Job"):
+            found[manifest["kind"]] = manifest["spec"]["template"]["spec"]["containers"][0]
+        if manifest["kind"] == "RayJob":
+            cluster = manifest["spec"]["rayClusterSpec"]
+            found["head"] = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+            found["worker"] = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+            found["submitter"] = manifest["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
+    return found
+
+
+@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
+def test_the_policy_servers_key_is_generated_and_reaches_the_gateway_and_trainer_only(
+        tmp_path: Path, extra: dict[str, Any]) -> None:
+    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
+    secret = next(s for s in _of(manifests, "Secret") if s["metadata"]["name"] == NAMES.policy_key)
+    assert secret["stringData"]["token"].startswith("(random")  # generated when applied, never printed
+    reference = {"secretKeyRef": {"name": NAMES.policy_key, "key": "token"}}
+    containers = _containers(manifests)
+    holders = {name for name, c in containers.items() if _env(c).get("AGL_POLICY_API_KEY", {}).get("valueFrom")
+               == reference}
+    assert holders == ({"Deployment", "Job"} if "Job" in containers else {"Deployment", "head", "worker"})
+    # A rollout's pod never gets it, even when it sits in the trainer's environment.
+    job = rollout_job(manifests, tmp_path, {"AGL_POLICY_API_KEY": "policy-key-0123456789",
+                                            "AGL_GATEWAY_ADMIN_TOKEN": "admin-token-0123456789"})
+    text = json.dumps(job)
+    assert "policy-key-0123456789" not in text and "admin-token-0123456789" not in text
+    # No policy Service and no fixed policy URL (the trainer registers its servers' addresses), no runtime LoRA
+    # loading over HTTP (verl moves weights through its Ray actors).
+    everything = json.dumps(manifests)
+    assert "AGL_POLICY_URL" not in everything and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in everything
+    assert [s["metadata"]["name"] for s in _of(manifests, "Service")] == [NAMES.gateway]
+
+
+@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
+def test_only_the_pod_running_the_rollout_controller_holds_an_api_token(tmp_path: Path,
+                                                                        extra: dict[str, Any]) -> None:
+    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
+    automount = {}
+    for manifest in manifests:
+        if manifest["kind"] in ("Deployment", "Job"):
+            automount[manifest["kind"]] = manifest["spec"]["template"]["spec"]["automountServiceAccountToken"]
+        if manifest["kind"] == "RayJob":
+            cluster = manifest["spec"]["rayClusterSpec"]
+            automount["head"] = cluster["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"]
+            automount["worker"] = cluster["workerGroupSpecs"][0]["template"]["spec"]["automountServiceAccountToken"]
+            automount["submitter"] = manifest["spec"]["submitterPodTemplate"]["spec"]["automountServiceAccountToken"]
+    controller = "Job" if "Job" in automount else "head"
+    assert {k for k, v in automount.items() if v} == {controller}
+    # ...and that pod runs no agent: every rollout is a Job of its own, which gets no token either.
+    assert cluster_spec(manifests).model_dump()["project"]["config_map"] == NAMES.config
+    copied = yaml.safe_load(next(v for k, v in _of(manifests, "ConfigMap")[0]["data"].items()
+                                 if k.endswith("agl.yaml")))
+    assert copied["runner"] == "kubernetes"
+    assert rollout_job(manifests, tmp_path)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_rollout_labels_match_the_gateway_policy(tmp_path: Path) -> None:
+    # The rollout Job's labels come from the cluster's agl.yaml: the train's label must be among them.
+    manifests = dry_run(load_target(write_project(tmp_path)), options()).manifests
+    labels = rollout_labels(cluster_spec(manifests), "run", "r1", {})
+    assert labels["agl.dev/train"] == "calc" and labels["app.kubernetes.io/component"] == "rollout"
