@@ -51,7 +51,9 @@ def merge_adapter(base: Mapping[str, Any], adapter: Mapping[str, Any], peft_conf
         target = f"{layer}.weight"
         if target not in base or set(ab) != {"lora_A", "lora_B"}:
             raise ValueError(f"adapter layer {layer!r} has no base weight {target!r} (or lacks lora_A/lora_B)")
-        delta = (ab["lora_B"].float() @ ab["lora_A"].float()) * scale
+        # verl's sync hands the adapter over as CPU tensors; the base lives where the server's model runs (a GPU)
+        device = base[target].device
+        delta = (ab["lora_B"].to(device).float() @ ab["lora_A"].to(device).float()) * scale
         merged[target] = (base[target].float() + delta).to(base[target].dtype)
     return merged
 
