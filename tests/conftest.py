@@ -88,6 +88,39 @@ def h(fake: FakeUpstream) -> Iterator[Harness]:
         yield harness
 
 
+def make_tiny_chat_model(folder: Path, *, kv_heads: int = 2) -> Path:
+    """A randomly initialised 2-layer Llama with SmolLM2-135M-Instruct's tokenizer and chat template (skips the test
+    where the tokenizer's package or the local extra is missing). The embedded server, the gateway and the trainer
+    run their real code on it in seconds, where SmolLM2 itself would add minutes and nothing to check."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from rl_backend.serving.model_store import ModelNotAvailable, resolve_model_dir
+
+    try:
+        source = resolve_model_dir("smollm2-135m-instruct")
+    except ModelNotAvailable as exc:
+        pytest.skip(str(exc))
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny random chat model (see make_tiny_chat_model) for the whole session; tests must not change it."""
+    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
+
+
 @pytest.fixture()
 def two_torch_threads() -> Iterator[None]:
     """Training tests use two threads (the CI machine's cores), whatever torch picked, and put it back after."""

@@ -149,11 +149,7 @@ class LlamaRunner:
                 seq.v[index, :, start:end] = v[offset : offset + n].transpose(0, 1)
                 qi = q[offset : offset + n].transpose(0, 1).unsqueeze(0)
                 keys, values = seq.k[index, :, :end].unsqueeze(0), seq.v[index, :, :end].unsqueeze(0)
-                if start == 0:
-                    o = F.scaled_dot_product_attention(qi, keys, values, is_causal=True, enable_gqa=True)
-                else:  # query i (at position start + i) sees the cached prefix and the new tokens up to itself
-                    mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
-                    o = F.scaled_dot_product_attention(qi, keys, values, attn_mask=mask, enable_gqa=True)
+                o = _attend(qi, keys, values, start)
                 outs.append(o[0].transpose(0, 1).reshape(n, -1))
                 offset += n
             x = self._finish_layer(layer, x, torch.cat(outs) if len(outs) > 1 else outs[0])
@@ -206,6 +202,23 @@ class LlamaRunner:
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self._head(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps))
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of the queries at positions start.. over every key up to theirs ([1, heads, n, dim]).
+
+    The CPU kernel handles queries in blocks of 32 or more from the first one, and a last block of one to three
+    queries with other arithmetic. Padding such a block to four rows (copies of the last query, dropped after) makes
+    every query's result independent of where its prefill started: a prompt whose start came from the prefix cache
+    gets the same bits as one computed whole (with the cache resuming at a multiple of 16).
+    """
+    n, end = q.shape[2], keys.shape[2]
+    mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+    pad = 4 - n % 32 if n % 32 in (1, 2, 3) else 0
+    if pad:
+        q = torch.cat((q, q[:, :, -1:].expand(-1, -1, pad, -1)), dim=2)
+        mask = torch.cat((mask, mask[-1:].expand(pad, -1)))
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)[:, :, :n]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

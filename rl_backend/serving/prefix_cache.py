@@ -105,8 +105,8 @@ class PrefixCache:
         over whole.
         """
         # The last position is always computed: its logits give the first token. Resuming at a multiple of 16 with
-        # at least four new positions makes the CPU attention kernel split the new queries as a prefill of the whole
-        # prompt does, so a reused prompt gives the same bits as a fresh one (tests/test_serving.py compares them).
+        # at least four new positions (and llama_runner._attend's padding) gives each new position the same bits as
+        # a prefill of the whole prompt, so a reused prompt computes exactly what a fresh one does.
         limit = len(prompt) - _MIN_NEW
         best, best_len = None, 0
         for key, entry in self._entries.items():
