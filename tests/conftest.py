@@ -40,6 +40,24 @@ def run_agl(args: list[str], cwd: Path, *, env: dict[str, str] | None = None, ti
     return result
 
 
+def invoke_agl(args: list[str], cwd: Path, *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`agl ARGS` in this process through typer's runner, for usage errors and other quick exits: the same result as
+    run_agl without a second of Python start-up per call. Anything that runs rollouts belongs in run_agl."""
+    from typer.testing import CliRunner
+
+    from agl_cli.main import app
+
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner(env={"NO_COLOR": "1", "AGL_HOME": None, **(env or {})}).invoke(app, args)
+    finally:
+        os.chdir(before)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["agl", *args], result.exit_code, result.stdout, result.stderr)
+
+
 def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return path

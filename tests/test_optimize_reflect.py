@@ -26,7 +26,7 @@ import yaml
 from agl_cli.optimize.pareto import choose_parent, dominates, pareto_front, task_means
 from agl_cli.optimize.proposer import check_proposal, extract_prompt, render_transcript
 from rl_backend.store.records import Api, CallRecord, Rollout, RolloutStatus
-from tests.conftest import FIXTURES, agl_env, run_agl
+from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl
 
 BASE_PROMPT = "Answer the question."
 KEY_ENV = {"SCRIPTED_KEY": "sk-scripted-test"}
@@ -299,7 +299,7 @@ def test_reflect_without_a_proposer_says_what_to_add(tmp_path: Path) -> None:
     spec = yaml.safe_load((tmp_path / "agl.yaml").read_text())
     del spec["proposer"], spec["upstreams"]
     (tmp_path / "agl.yaml").write_text(yaml.safe_dump(spec))
-    result = run_agl(["optimize", "agl.yaml", "--strategy", "reflect"], cwd=tmp_path)
+    result = invoke_agl(["optimize", "agl.yaml", "--strategy", "reflect"], cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "no `proposer:` section" in result.stderr and "proposer:\n    model: openai/gpt-4.1-mini" in result.stderr
 
