@@ -14,7 +14,8 @@ Both sides run in this process on the same safetensors copy of the model, with t
   streaming, so agl's figures include HTTP and detokenization. Its prefix cache is off (these prompts repeat every
   round; reuse would flatter agl); `--prefix-cache` turns it on.
 Rounds interleave the systems (hf, agl-float32, agl-bfloat16, ... then again), so load from other processes
-falls on all of them alike; each figure is the median over rounds of completion tokens per second of wall time.
+falls on all of them alike; each figure is the median over rounds of completion tokens per second of wall time, and
+each ratio to HF generate is the median of the per-round ratios (each agl run against the HF run of its round).
 
 Then, per agl option, the guarantees training relies on (untimed):
 - batch invariance: the 8 prompts run one at a time, then all together; their token ids must be identical and the
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         row["samples"] = {str(n): [round(x, 1) for x in v] for n, v in samples[system].items()}
         if system != "hf-generate":
             row["vs_hf_generate"] = {
-                str(n): round(statistics.median(samples[system][n]) / statistics.median(samples["hf-generate"][n]), 2)
+                str(n): round(statistics.median(
+                    a / b for a, b in zip(samples[system][n], samples["hf-generate"][n], strict=True)), 2)
                 for n in args.concurrency
             }
             row.update(guarantees.get(system, {}))
