@@ -133,10 +133,31 @@ def make_tiny_chat_model(folder: Path, *, kv_heads: int = 2) -> Path:
     return folder
 
 
+def write_tiny_train_spec(folder: Path, model: Path) -> Path:
+    """A training spec for the tiny chat model: six train and two val tasks, an agent that makes one call, and a
+    grader whose reward (the parity of the reply) varies within a group, so updates have a signal."""
+    agent = FIXTURES / "one_call_agent.py"
+    tasks = [{"id": f"t{i}", "question": f"Say a word about the number {i}.", "split": "train"} for i in range(6)]
+    tasks += [{"id": f"v{i}", "question": f"Name a colour, {i}.", "split": "val"} for i in range(2)]
+    (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    spec = {
+        "name": "tiny-train",
+        "agent": {"command": f"python {agent} {{task_file}} {{output_file}}", "timeout_s": 120},
+        "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
+        "grader": {"command": f"python {agent} --grade {{task_file}} {{output_file}}"},
+        "upstreams": {"local": {"kind": "embedded", "model": str(model)}},
+        "model": "local/tiny",
+        "concurrency": 4,
+    }
+    path = folder / "agl.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny random chat model (see make_tiny_chat_model) for the whole session; tests must not change it."""
-    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model"))
+    return make_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-model") / "tiny")  # served as model "tiny"
 
 
 @pytest.fixture()
