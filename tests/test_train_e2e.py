@@ -41,7 +41,7 @@ def _by_variant(store: RunStore) -> dict[str, list]:
     return out
 
 
-@pytest.mark.model
+@pytest.mark.usefixtures("smollm2")
 @pytest.mark.slow
 def test_train_one_step_of_smollm2_through_the_calc_agent(tmp_path: Path) -> None:
     spec = _calc_spec(tmp_path)
