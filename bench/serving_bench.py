@@ -2,20 +2,22 @@
 
 Run from the repository root:
 
-    python bench/serving_bench.py                                # every option, 64 new tokens, 3 rounds
+    python bench/serving_bench.py                                # every option, every usable core
     python bench/serving_bench.py --threads 1 --rounds 5         # both sides on one thread
     python bench/serving_bench.py --options float32 --max-tokens 128
 
-Both sides run in this process on the same safetensors copy of the model, with the same number of torch threads
-(`--threads`, default: every core this process may use), greedy, exactly `--max-tokens` new tokens per request:
+Both sides run on the same safetensors copy of the model, with the same number of torch threads (`--threads`,
+default: every core this process may use), greedy, exactly `--max-tokens` new tokens per request:
 - `hf-generate`: `model.generate` on a static, left-padded batch of the 1 or 8 prompts;
 - `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
   engine's Hugging Face runner), the 1 or 8 requests sent at once through the official async openai client,
   streaming, so agl's figures include HTTP and detokenization. Its prefix cache is off (these prompts repeat every
   round; reuse would flatter agl); `--prefix-cache` turns it on.
-Rounds interleave the systems (hf, agl-float32, agl-bfloat16, ... then again), so load from other processes
-falls on all of them alike; each figure is the median over rounds of completion tokens per second of wall time, and
-each ratio to HF generate is the median of the per-round ratios (each agl run against the HF run of its round).
+Each system runs in a process of its own, as it would in use: two OpenMP thread teams in one process make libgomp
+throttle both (it counts more threads than cores), which would slow every system measured after the first. Rounds
+interleave the systems (hf, agl-float32, agl-bfloat16, ... then again), so load from other processes falls on all
+of them alike; each figure is the median over rounds of completion tokens per second of wall time, and each ratio
+to HF generate is the median of the per-round ratios (each agl run against the HF run of its round).
 
 Then, per agl option, the guarantees training relies on (untimed):
 - batch invariance: the 8 prompts run one at a time, then all together; their token ids must be identical and the
@@ -34,6 +36,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,44 +70,90 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-class HFGenerate:
-    """The baseline: transformers' own generate loop on a static batch."""
+# ---- the worker processes ------------------------------------------------------------------------------------
 
-    def __init__(self, path: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
+def _hf_worker(threads: int) -> None:
+    """Answers {"n", "max_tokens"} with generate's tokens/s, {"prompt", "completion"} with the float32 logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def run(self, n: int, max_tokens: int) -> float:
-        batch = self.tokenizer.apply_chat_template(
-            [_messages(QUESTIONS[i % len(QUESTIONS)]) for i in range(n)], add_generation_prompt=True,
-            return_tensors="pt", padding=True, return_dict=True,
-        )
-        start = time.perf_counter()
-        with self.torch.inference_mode():
-            out = self.model.generate(
-                **batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                pad_token_id=self.tokenizer.pad_token_id,
-            )
-        wall = time.perf_counter() - start
-        return (out.shape[1] - batch["input_ids"].shape[1]) * n / wall
+    from rl_backend.serving.model_store import ensure_converted
 
-    def logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
-        """The float32 model's logprobs of `completion` after `prompt`, in one forward pass (as the trainer does)."""
-        torch = self.torch
-        ids = torch.tensor([prompt + completion])
+    torch.set_num_threads(threads)
+    path = ensure_converted(MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "left"
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa").eval()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
         with torch.inference_mode():
-            logits = self.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])
-        return [float(x) for x in picked[:, 0]]
+            if "n" in ask:
+                n, max_tokens = ask["n"], ask["max_tokens"]
+                batch = tokenizer.apply_chat_template(
+                    [_messages(QUESTIONS[i % len(QUESTIONS)]) for i in range(n)], add_generation_prompt=True,
+                    return_tensors="pt", padding=True, return_dict=True,
+                )
+                start = time.perf_counter()
+                out = model.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id)
+                wall = time.perf_counter() - start
+                reply: dict[str, Any] = {"tok_s": (out.shape[1] - batch["input_ids"].shape[1]) * n / wall}
+            else:
+                prompt, completion = ask["prompt"], ask["completion"]
+                logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+                picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])
+                reply = {"logprobs": [float(x) for x in picked[:, 0]]}
+        print(json.dumps(reply), flush=True)
+
+
+def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -> None:
+    """Serves the embedded server on a free port until stdin closes."""
+    from rl_backend.serving import Engine, load_model, start_embedded_server
+
+    engine = Engine(
+        load_model(MODEL), max_batch_size=max_batch, threads=threads,
+        precision="float32" if option == "hf-forward" else option,  # type: ignore[arg-type]
+        fast=False if option == "hf-forward" else None, prefix_cache_mb=None if prefix_cache else 0,
+    )
+    server = start_embedded_server(engine=engine)
+    print(json.dumps({"ready": True, "base_url": server.base_url}), flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+class Worker:
+    def __init__(self, system: str, args: argparse.Namespace, threads: int) -> None:
+        cmd = [sys.executable, __file__, "--worker", system, "--threads", str(threads),
+               "--max-batch", str(max(args.concurrency))]
+        if args.prefix_cache:
+            cmd.append("--prefix-cache")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.ready = self.read()
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"a benchmark worker exited ({self.proc.wait()}); its stderr says why")
+        return dict(json.loads(line))
+
+    def ask(self, question: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(question) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+# ---- the client side -----------------------------------------------------------------------------------------
 
 
 async def _one(client: openai.AsyncOpenAI, question: str, max_tokens: int, stream: bool = True) -> Any:
@@ -122,15 +171,19 @@ async def _one(client: openai.AsyncOpenAI, question: str, max_tokens: int, strea
     return tokens
 
 
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+
+
 async def _agl_level(base_url: str, n: int, max_tokens: int) -> float:
-    async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=3600) as client:
+    async with _client(base_url) as client:
         start = time.perf_counter()
         counts = await asyncio.gather(*(_one(client, QUESTIONS[i % len(QUESTIONS)], max_tokens) for i in range(n)))
         return sum(counts) / (time.perf_counter() - start)
 
 
 async def _replies(base_url: str, together: bool, max_tokens: int) -> list[tuple[list[int], list[int], list[float]]]:
-    async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=3600) as client:
+    async with _client(base_url) as client:
         calls = [_one(client, q, max_tokens, stream=False) for q in QUESTIONS]
         replies = await asyncio.gather(*calls) if together else [await c for c in calls]
     out = []
@@ -144,15 +197,29 @@ async def _replies(base_url: str, together: bool, max_tokens: int) -> list[tuple
     return out
 
 
-def _guarantees(base_url: str, hf: HFGenerate, max_tokens: int) -> dict[str, Any]:
+def _guarantees(base_url: str, hf: Worker, max_tokens: int) -> dict[str, Any]:
     alone = asyncio.run(_replies(base_url, False, max_tokens))
     together = asyncio.run(_replies(base_url, True, max_tokens))
     same_ids = all(a[1] == b[1] for a, b in zip(alone, together, strict=True))
     batch_diff = max(abs(x - y) for a, b in zip(alone, together, strict=True) for x, y in zip(a[2], b[2], strict=False))
     trainer_diff = max(
-        abs(x - y) for prompt, ids, lps in together for x, y in zip(lps, hf.logprobs(prompt, ids), strict=True)
+        abs(x - y) for prompt, ids, lps in together
+        for x, y in zip(lps, hf.ask({"prompt": prompt, "completion": ids})["logprobs"], strict=True)
     )
     return {"batch_invariant_ids": same_ids, "batch_logprob_max_diff": batch_diff, "trainer_logprob_max_diff": trainer_diff}
+
+
+def _print_table(table: dict[str, Any], levels: list[int]) -> None:
+    _log(f"\n{'system':18s} " + " ".join(f"{n:>4} req tok/s (x hf)" for n in levels)
+         + "  same ids batched | max dlogprob batched | vs trainer")
+    for system, row in table.items():
+        cells = " ".join(
+            f"{row[str(n)]:>12.1f} ({row.get('vs_hf_generate', {}).get(str(n), 1.0):4.2f}x)" for n in levels)
+        extra = ""
+        if "batch_invariant_ids" in row:
+            extra = (f"  {row['batch_invariant_ids']!s:>16} | {row['batch_logprob_max_diff']:20.2e} | "
+                     f"{row['trainer_logprob_max_diff']:.2e}")
+        _log(f"{system:18s} {cells}{extra}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,50 +231,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefix-cache", action="store_true", help="keep agl's prefix cache on (off by default)")
     ap.add_argument("--skip-guarantees", action="store_true")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--max-batch", type=int, default=8, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    import torch
-
-    from rl_backend.serving import Engine, load_model, start_embedded_server
-    from rl_backend.serving.model_store import ensure_converted
     from rl_backend.serving.threads import usable_cores
 
     threads = args.threads or len(usable_cores())
-    torch.set_num_threads(threads)
-    path = ensure_converted(MODEL)
-    _log(f"loading {MODEL} from {path} ({threads} thread(s))")
-    hf = HFGenerate(path)
-    servers = {}
-    for option in args.options:
-        engine = Engine(
-            load_model(MODEL), max_batch_size=max(args.concurrency), threads=threads,
-            precision="float32" if option == "hf-forward" else option,  # type: ignore[arg-type]
-            fast=False if option == "hf-forward" else None, prefix_cache_mb=None if args.prefix_cache else 0,
-        )
-        servers[f"agl-{option}"] = start_embedded_server(engine=engine)
-    systems = ["hf-generate", *servers]
+    if args.worker == "hf-generate":
+        _hf_worker(threads)
+        return 0
+    if args.worker:
+        _agl_worker(args.worker.removeprefix("agl-"), threads, args.max_batch, args.prefix_cache)
+        return 0
+
+    _log(f"starting one process per system, {threads} thread(s) each")
+    systems = ["hf-generate", *(f"agl-{o}" for o in args.options)]
+    workers: dict[str, Worker] = {}
     samples: dict[str, dict[int, list[float]]] = {s: {n: [] for n in args.concurrency} for s in systems}
+    guarantees = {}
     try:
-        hf.run(1, 4)
-        for server in servers.values():
-            asyncio.run(_agl_level(server.base_url, 1, 4))
+        for system in systems:
+            workers[system] = Worker(system, args, threads)
+
+        def run(system: str, n: int, max_tokens: int) -> float:
+            if system == "hf-generate":
+                return float(workers[system].ask({"n": n, "max_tokens": max_tokens})["tok_s"])
+            return asyncio.run(_agl_level(workers[system].ready["base_url"], n, max_tokens))
+
+        for system in systems:  # warm-up
+            run(system, 1, 4)
         for r in range(args.rounds):
             for n in args.concurrency:
                 for system in systems:
-                    if system == "hf-generate":
-                        tps = hf.run(n, args.max_tokens)
-                    else:
-                        tps = asyncio.run(_agl_level(servers[system].base_url, n, args.max_tokens))
+                    tps = run(system, n, args.max_tokens)
                     samples[system][n].append(tps)
                     _log(f"round {r + 1}/{args.rounds}  {system:18s} {n} request(s): {tps:7.1f} tok/s")
-        guarantees = {}
         if not args.skip_guarantees:
-            for system, server in servers.items():
+            for system in systems[1:]:
                 _log(f"checking {system}: alone against batched, and against the float32 forward")
-                guarantees[system] = _guarantees(server.base_url, hf, 24)
+                guarantees[system] = _guarantees(workers[system].ready["base_url"], workers["hf-generate"], 24)
     finally:
-        for server in servers.values():
-            server.stop()
+        for worker in workers.values():
+            worker.close()
 
     table: dict[str, Any] = {}
     for system in systems:
@@ -221,17 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             }
             row.update(guarantees.get(system, {}))
         table[system] = row
-    _log(f"\n{'system':18s} " + " ".join(f"{n:>4} req tok/s (x hf)" for n in args.concurrency)
-         + "  same ids batched | max dlogprob batched | vs trainer")
-    for system, row in table.items():
-        cells = " ".join(
-            f"{row[str(n)]:>12.1f} ({row.get('vs_hf_generate', {}).get(str(n), 1.0):4.2f}x)" for n in args.concurrency
-        )
-        extra = ""
-        if "batch_invariant_ids" in row:
-            extra = (f"  {row['batch_invariant_ids']!s:>16} | {row['batch_logprob_max_diff']:20.2e} | "
-                     f"{row['trainer_logprob_max_diff']:.2e}")
-        _log(f"{system:18s} {cells}{extra}")
+    _print_table(table, args.concurrency)
+    import torch
+
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(json.dumps({
         "bench": "serving", "model": MODEL, "max_tokens": args.max_tokens, "threads": threads, "rounds": args.rounds,

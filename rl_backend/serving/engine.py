@@ -288,7 +288,15 @@ class Engine:
 
     def _run(self) -> None:
         with torch.inference_mode():
-            while True:
+            if self._device.type == "cpu":
+                self._threads.apply()
+            try:
+                self._runner.refresh()  # on this thread, which computes with what it packs
+            except Exception:
+                log.exception("the model could not be prepared")
+                with self._cv:
+                    self._stopping = True
+            while not self._stopping:
                 admit, swap = self._next_work()
                 if self._stopping:
                     break

@@ -79,7 +79,9 @@ class LlamaRunner:
         self.eps = float(config.rms_norm_eps)
         self.cache = PrefixCache(prefix_cache_bytes)
         self.counters = {"prefill_tokens": 0, "reused_tokens": 0}
-        self.refresh()
+        # Packed on first use, or by refresh(). The thread that packs should be the one that computes: weights
+        # packed on another thread made two-thread decode steps more than twice as slow here.
+        self._layers: list[_Layer] | None = None
 
     def refresh(self) -> None:
         """Pack the model's current weights (after new weights were loaded) and forget every cached sequence."""
@@ -122,8 +124,15 @@ class LlamaRunner:
 
     # ---- forward -----------------------------------------------------------------------------------------------
 
+    def _packed(self) -> list[_Layer]:
+        if self._layers is None:
+            self.refresh()
+        assert self._layers is not None
+        return self._layers
+
     def prefill(self, prompts: list[list[int]]) -> tuple[list[SeqKV], torch.Tensor]:
         """Start a sequence per prompt (reusing cached prefixes); the logits of each prompt's last position."""
+        layers = self._packed()
         seqs = [self.cache.take(p, self._new_seq(len(p) + 64)) for p in prompts]
         spans: list[tuple[SeqKV, int, int]] = []  # (sequence, first new position, new tokens)
         ids: list[int] = []
@@ -139,7 +148,7 @@ class LlamaRunner:
         pos = torch.tensor(positions, dtype=torch.long)
         x = F.embedding(torch.tensor(ids, dtype=torch.long), self._embed)
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
-        for index, layer in enumerate(self._layers):
+        for index, layer in enumerate(layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             outs = []
             offset = 0
@@ -160,6 +169,7 @@ class LlamaRunner:
 
     def decode(self, seqs: list[SeqKV], tokens: list[int]) -> torch.Tensor:
         """Feed each sequence its next token; the logits that follow, one row per sequence."""
+        layers = self._packed()
         positions = [seq.length for seq in seqs]
         for seq, n in zip(seqs, positions, strict=True):
             seq.reserve(n + 1)
@@ -168,7 +178,7 @@ class LlamaRunner:
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
         group = self.heads // self.kv_heads
         scale = self.head_dim**-0.5
-        for index, layer in enumerate(self._layers):
+        for index, layer in enumerate(layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             # A single query per row: the query heads sharing a key head become that head's query rows. Plain
             # products rather than scaled_dot_product_attention, whose fixed cost per call dominates at this size.
