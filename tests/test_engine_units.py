@@ -50,9 +50,9 @@ def test_a_next_turn_takes_the_entry_over_and_a_sibling_gets_a_copy() -> None:
 
     # The next turn extends the whole entry: it takes the buffers over (no copy) and the entry leaves the cache.
     turn2 = turn1 + list(range(500, 530))
-    entry_k = cache._entries[next(iter(cache._entries))].k
+    entry_kv = cache._entries[next(iter(cache._entries))].kv
     got = cache.take(turn2, _empty())
-    assert got.k is entry_k and got.length == 48 and len(cache) == 0
+    assert got.kv is entry_kv and got.length == 48 and len(cache) == 0
     assert cache.hits == 2 and cache.reused_tokens == 32 + 48
 
     # Reuse stops four positions short of the prompt's end, at a multiple of 16; nothing shorter than 16 is reused.

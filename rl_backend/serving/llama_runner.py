@@ -149,15 +149,15 @@ class LlamaRunner:
         x = F.embedding(torch.tensor(ids, dtype=torch.long), self._embed)
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
         for index, layer in enumerate(layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q, kv = self._qkv(layer, x, cos, sin)
             outs = []
             offset = 0
             for seq, start, n in spans:
                 end = start + n
-                seq.k[index, :, start:end] = k[offset : offset + n].transpose(0, 1)
-                seq.v[index, :, start:end] = v[offset : offset + n].transpose(0, 1)
+                cache = seq.kv[index]
+                cache[:, :, start:end] = kv[offset : offset + n].permute(1, 2, 0, 3)
                 qi = q[offset : offset + n].transpose(0, 1).unsqueeze(0)
-                keys, values = seq.k[index, :, :end].unsqueeze(0), seq.v[index, :, :end].unsqueeze(0)
+                keys, values = cache[0, :, :end].unsqueeze(0), cache[1, :, :end].unsqueeze(0)
                 o = _attend(qi, keys, values, start)
                 outs.append(o[0].transpose(0, 1).reshape(n, -1))
                 offset += n
@@ -179,31 +179,28 @@ class LlamaRunner:
         group = self.heads // self.kv_heads
         scale = self.head_dim**-0.5
         for index, layer in enumerate(layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q, kv = self._qkv(layer, x, cos, sin)
             # A single query per row: the query heads sharing a key head become that head's query rows. Plain
             # products rather than scaled_dot_product_attention, whose fixed cost per call dominates at this size.
             q = (q * scale).view(len(seqs), self.kv_heads, group, self.head_dim)
             outs = []
             for row, (seq, n) in enumerate(zip(seqs, positions, strict=True)):
-                keys, values = seq.k[index], seq.v[index]
-                keys[:, n] = k[row]
-                values[:, n] = v[row]
-                weights = torch.softmax(torch.matmul(q[row], keys[:, : n + 1].transpose(1, 2)), dim=-1)
-                outs.append(torch.matmul(weights, values[:, : n + 1]).view(1, -1))
+                cache = seq.kv[index]
+                cache[:, :, n] = kv[row]
+                weights = torch.softmax(torch.matmul(q[row], cache[0, :, : n + 1].transpose(1, 2)), dim=-1)
+                outs.append(torch.matmul(weights, cache[1, :, : n + 1]).view(1, -1))
             x = self._finish_layer(layer, x, torch.cat(outs) if len(outs) > 1 else outs[0])
         for seq, token in zip(seqs, tokens, strict=True):
             seq.tokens.append(token)
         return self._logits(x)
 
-    def _qkv(
-        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries [rows, heads, dim] and new keys and values [rows, 2, kv_heads, dim], rotary embeddings applied."""
         rows, d = x.shape[0], self.head_dim
-        qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.norm1, self.eps))
-        q = qkv[:, : self.heads * d].view(rows, self.heads, d)
-        k = qkv[:, self.heads * d : (self.heads + self.kv_heads) * d].view(rows, self.kv_heads, d)
-        v = qkv[:, (self.heads + self.kv_heads) * d :].view(rows, self.kv_heads, d)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.norm1, self.eps)).view(rows, -1, d)
+        rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
+        kv = torch.stack((rotated[:, self.heads :], qkv[:, self.heads + self.kv_heads :]), dim=1)
+        return rotated[:, : self.heads], kv
 
     def _finish_layer(self, layer: _Layer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         x = x + layer.out(attention)

@@ -1,7 +1,7 @@
 """Each sequence's keys and values, and the cache that hands them to the next request starting the same way.
 
-A sequence owns one buffer per keys and values, [layers, kv_heads, capacity, head_dim], filled for its first `length`
-positions, with `tokens` the ids those positions hold. When a request ends, its buffers go to the prefix cache
+A sequence owns one buffer for its keys and values, [layers, 2, kv_heads, capacity, head_dim], filled for its first
+`length` positions, with `tokens` the ids those positions hold. When a request ends, its buffers go to the prefix cache
 instead of being freed. A new request takes the entry that shares the longest prefix with its prompt and computes
 only the rest. An agent's next turn extends its previous prompt and reply, so it takes the entry over whole (no copy),
 while a prompt that shares only a start with an entry (the same system prompt, the same task under another variant)
@@ -26,11 +26,18 @@ _MIN_NEW = 4
 
 @dataclass(eq=False)
 class SeqKV:
-    """One sequence's cache: keys/values [layers, kv_heads, capacity, head_dim], the first `length` filled."""
+    """One sequence's cache: keys and values [layers, 2, kv_heads, capacity, head_dim], the first `length` filled."""
 
-    k: torch.Tensor
-    v: torch.Tensor
+    kv: torch.Tensor
     tokens: list[int] = field(default_factory=list)
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.kv[:, 0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.kv[:, 1]
 
     @property
     def length(self) -> int:
@@ -38,28 +45,25 @@ class SeqKV:
 
     @property
     def capacity(self) -> int:
-        return int(self.k.shape[2])
+        return int(self.kv.shape[3])
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.kv.numel() * self.kv.element_size()
 
     @classmethod
     def empty(cls, shape: tuple[int, int, int], capacity: int, dtype: torch.dtype, device: torch.device) -> SeqKV:
         layers, heads, dim = shape
-        k = torch.empty((layers, heads, capacity, dim), dtype=dtype, device=device)
-        return cls(k, torch.empty_like(k))
+        return cls(torch.empty((layers, 2, heads, capacity, dim), dtype=dtype, device=device))
 
     def reserve(self, n: int) -> None:
         """Make room for `n` positions, keeping what is filled (grows by a quarter to amortize the copies)."""
         if n <= self.capacity:
             return
         cap = n + max(64, n // 4)
-        k = self.k.new_empty((self.k.shape[0], self.k.shape[1], cap, self.k.shape[3]))
-        v = torch.empty_like(k)
-        k[:, :, : self.length] = self.k[:, :, : self.length]
-        v[:, :, : self.length] = self.v[:, :, : self.length]
-        self.k, self.v = k, v
+        kv = self.kv.new_empty((*self.kv.shape[:3], cap, self.kv.shape[4]))
+        kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+        self.kv = kv
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
@@ -125,8 +129,7 @@ class PrefixCache:
             return entry
         self._entries.move_to_end(best)
         new.reserve(max(len(prompt), best_len))
-        new.k[:, :, :best_len] = entry.k[:, :, :best_len]
-        new.v[:, :, :best_len] = entry.v[:, :, :best_len]
+        new.kv[:, :, :, :best_len] = entry.kv[:, :, :, :best_len]
         new.tokens = prompt[:best_len]
         return new
 
