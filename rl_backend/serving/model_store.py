@@ -16,8 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,27 @@ def ensure_converted(name: str, *, verify: bool = True) -> Path:
         if _cache_is_complete(target):  # another process finished while we waited
             return target
         with quiet_progress():
-            _convert(gguf, target, verify=verify)
+            _in_passing_thread(lambda: _convert(gguf, target, verify=verify))
     return target
+
+
+def _in_passing_thread(work: Callable[[], None]) -> None:
+    """Run `work` on a thread that ends with it. The conversion's check runs the model, and the OpenMP threads torch
+    starts for a thread live as long as it does: left on the caller's (main) thread, they would make libgomp count
+    more threads than cores and slow every later step of the engine's own thread (to half the speed, measured)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="agl-model-conversion")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _convert(gguf: Path, target: Path, *, verify: bool) -> None:
