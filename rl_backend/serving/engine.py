@@ -41,6 +41,7 @@ from .weights import check_state_dict, read_weights_dir
 
 log = logging.getLogger(__name__)
 
+
 class Engine:
     """Serves one causal LM to many concurrent callers; see the module docstring for the batching scheme."""
 
@@ -67,7 +68,8 @@ class Engine:
         self._version = model_version
         self._threads = ThreadPolicy(threads)
         self._runner = make_runner(self._model, precision, fast=fast, cache_mb=prefix_cache_mb)
-        self.precision: Precision = precision if isinstance(self._runner, LlamaRunner) else "float32"
+        # What the products compute in: the fast runner's precision, else the dtype the model was loaded in.
+        self.precision: str = precision if isinstance(self._runner, LlamaRunner) else str(loaded.model.dtype)[6:]
         # The engine thread decodes with its own tokenizer copy: HF fast tokenizers can fail with "Already
         # borrowed" when one thread encodes while another decodes.
         self._detok_tokenizer = copy.deepcopy(loaded.tokenizer)

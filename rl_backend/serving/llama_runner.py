@@ -79,8 +79,9 @@ class LlamaRunner:
         self.eps = float(config.rms_norm_eps)
         self.cache = PrefixCache(prefix_cache_bytes)
         self.counters = {"prefill_tokens": 0, "reused_tokens": 0}
-        # Packed on first use, or by refresh(). The thread that packs should be the one that computes: weights
-        # packed on another thread made two-thread decode steps more than twice as slow here.
+        # Packed on first use, or by refresh(), on the thread that computes: packing runs torch's OpenMP threads,
+        # which live as long as the thread that started them, and a second set beside the engine's makes libgomp
+        # count more threads than cores and throttle both (two-thread decode steps ran 2.3 times slower).
         self._layers: list[_Layer] | None = None
 
     def refresh(self) -> None:
