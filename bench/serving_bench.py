@@ -1,16 +1,31 @@
-"""Generation throughput of the embedded model server at 1 and at 8 concurrent requests.
+"""The embedded engine against a plain Hugging Face `generate` loop, side by side, and what each precision keeps.
 
 Run from the repository root:
 
-    python bench/serving_bench.py                      # starts an embedded smollm2-135m-instruct server
-    python bench/serving_bench.py --max-tokens 64      # quicker
-    python bench/serving_bench.py --base-url http://127.0.0.1:8000 --model smollm2-135m-instruct  # a running server
+    python bench/serving_bench.py                                # every option, every usable core
+    python bench/serving_bench.py --threads 1 --rounds 5         # both sides on one thread
+    python bench/serving_bench.py --options float32 --max-tokens 128
 
-Each request is a short, realistic chat turn (a system prompt and a question) answered greedily with exactly
-`--max-tokens` new tokens (`ignore_eos`, so every request does the same work), sent through the official async
-openai client, streaming, so the figures include HTTP and detokenization. Throughput is completion tokens over
-wall time, per concurrency level, after one warm-up request. The last line on stdout is one JSON object with the
-figures and the machine; progress goes to stderr.
+Both sides run on the same safetensors copy of the model, with the same number of torch threads (`--threads`,
+default: every core this process may use), greedy, exactly `--max-tokens` new tokens per request:
+- `hf-generate`: `model.generate` on a static, left-padded batch of the 1 or 8 prompts;
+- `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
+  engine's Hugging Face runner), the 1 or 8 requests sent at once through the official async openai client,
+  streaming, so agl's figures include HTTP and detokenization. Its prefix cache is off (these prompts repeat every
+  round; reuse would flatter agl); `--prefix-cache` turns it on.
+Each system runs in a process of its own, as it would in use: two OpenMP thread teams in one process make libgomp
+throttle both (it counts more threads than cores), which would slow every system measured after the first. Rounds
+interleave the systems (hf, agl-float32, agl-bfloat16, ... then again), so load from other processes falls on all
+of them alike; each figure is the median over rounds of completion tokens per second of wall time, and each ratio
+to HF generate is the median of the per-round ratios (each agl run against the HF run of its round).
+
+Then, per agl option, the guarantees training relies on (untimed):
+- batch invariance: the 8 prompts run one at a time, then all together; their token ids must be identical and the
+  largest logprob difference is shown;
+- agreement with the trainer: the logprobs the server returned against those the float32 model computes over the
+  whole sequence in one forward pass (what the torch trainer computes), largest difference.
+
+Progress and the table go to stderr; the last line on stdout is one JSON object with every figure and the machine.
 """
 
 from __future__ import annotations
@@ -20,12 +35,19 @@ import asyncio
 import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a helpful assistant. Answer clearly and concisely."
 QUESTIONS = [
     "How does photosynthesis work? Explain it in simple terms.",
@@ -37,109 +59,247 @@ QUESTIONS = [
     "How do vaccines train the immune system?",
     "What is the difference between weather and climate?",
 ]
+OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward"]
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, question: str, max_tokens: int) -> tuple[int, float]:
-    """Returns (completion tokens, seconds to first token)."""
-    start = time.perf_counter()
-    first: float | None = None
-    tokens = 0
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-        temperature=0,
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
+def _messages(question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---- the worker processes ------------------------------------------------------------------------------------
+
+
+def _hf_worker(threads: int) -> None:
+    """Answers {"n", "max_tokens"} with generate's tokens/s, {"prompt", "completion"} with the float32 logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_backend.serving.model_store import ensure_converted
+
+    torch.set_num_threads(threads)
+    path = ensure_converted(MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer.padding_side = "left"
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa").eval()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        with torch.inference_mode():
+            if "n" in ask:
+                n, max_tokens = ask["n"], ask["max_tokens"]
+                batch = tokenizer.apply_chat_template(
+                    [_messages(QUESTIONS[i % len(QUESTIONS)]) for i in range(n)], add_generation_prompt=True,
+                    return_tensors="pt", padding=True, return_dict=True,
+                )
+                start = time.perf_counter()
+                out = model.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id)
+                wall = time.perf_counter() - start
+                reply: dict[str, Any] = {"tok_s": (out.shape[1] - batch["input_ids"].shape[1]) * n / wall}
+            else:
+                prompt, completion = ask["prompt"], ask["completion"]
+                logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
+                picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])
+                reply = {"logprobs": [float(x) for x in picked[:, 0]]}
+        print(json.dumps(reply), flush=True)
+
+
+def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -> None:
+    """Serves the embedded server on a free port until stdin closes."""
+    from rl_backend.serving import Engine, load_model, start_embedded_server
+
+    engine = Engine(
+        load_model(MODEL), max_batch_size=max_batch, threads=threads,
+        precision="float32" if option == "hf-forward" else option,  # type: ignore[arg-type]
+        fast=False if option == "hf-forward" else None, prefix_cache_mb=None if prefix_cache else 0,
     )
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - start
+    server = start_embedded_server(engine=engine)
+    print(json.dumps({"ready": True, "base_url": server.base_url}), flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+class Worker:
+    def __init__(self, system: str, args: argparse.Namespace, threads: int) -> None:
+        cmd = [sys.executable, __file__, "--worker", system, "--threads", str(threads),
+               "--max-batch", str(max(args.concurrency))]
+        if args.prefix_cache:
+            cmd.append("--prefix-cache")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        self.ready = self.read()
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"a benchmark worker exited ({self.proc.wait()}); its stderr says why")
+        return dict(json.loads(line))
+
+    def ask(self, question: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(question) + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+# ---- the client side -----------------------------------------------------------------------------------------
+
+
+async def _one(client: openai.AsyncOpenAI, question: str, max_tokens: int, stream: bool = True) -> Any:
+    kw: dict[str, Any] = {
+        "model": MODEL, "messages": _messages(question), "temperature": 0, "max_tokens": max_tokens,
+        "extra_body": {"ignore_eos": True, "return_token_ids": True},
+    }
+    if not stream:
+        return await client.chat.completions.create(logprobs=True, **kw)
+    tokens = 0
+    response = await client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    async for chunk in response:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-    return tokens, first if first is not None else float("nan")
+    return tokens
 
 
-async def _level(client: openai.AsyncOpenAI, model: str, concurrency: int, max_tokens: int) -> dict[str, float]:
-    start = time.perf_counter()
-    results = await asyncio.gather(
-        *(_one(client, model, QUESTIONS[i % len(QUESTIONS)], max_tokens) for i in range(concurrency))
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+
+
+async def _agl_level(base_url: str, n: int, max_tokens: int) -> float:
+    async with _client(base_url) as client:
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(_one(client, QUESTIONS[i % len(QUESTIONS)], max_tokens) for i in range(n)))
+        return sum(counts) / (time.perf_counter() - start)
+
+
+async def _replies(base_url: str, together: bool, max_tokens: int) -> list[tuple[list[int], list[int], list[float]]]:
+    async with _client(base_url) as client:
+        calls = [_one(client, q, max_tokens, stream=False) for q in QUESTIONS]
+        replies = await asyncio.gather(*calls) if together else [await c for c in calls]
+    out = []
+    for r in replies:
+        choice = r.choices[0]
+        out.append((
+            (r.model_extra or {})["prompt_token_ids"],
+            (choice.model_extra or {})["token_ids"],
+            [e.logprob for e in choice.logprobs.content],
+        ))
+    return out
+
+
+def _guarantees(base_url: str, hf: Worker, max_tokens: int) -> dict[str, Any]:
+    alone = asyncio.run(_replies(base_url, False, max_tokens))
+    together = asyncio.run(_replies(base_url, True, max_tokens))
+    same_ids = all(a[1] == b[1] for a, b in zip(alone, together, strict=True))
+    batch_diff = max(abs(x - y) for a, b in zip(alone, together, strict=True) for x, y in zip(a[2], b[2], strict=False))
+    trainer_diff = max(
+        abs(x - y) for prompt, ids, lps in together
+        for x, y in zip(lps, hf.ask({"prompt": prompt, "completion": ids})["logprobs"], strict=True)
     )
-    wall = time.perf_counter() - start
-    tokens = sum(t for t, _ in results)
-    return {
-        "requests": concurrency,
-        "completion_tokens": tokens,
-        "seconds": round(wall, 3),
-        "tokens_per_s": round(tokens / wall, 2),
-        "mean_ttft_s": round(sum(f for _, f in results) / len(results), 3),
-    }
+    return {"batch_invariant_ids": same_ids, "batch_logprob_max_diff": batch_diff, "trainer_logprob_max_diff": trainer_diff}
 
 
-async def _bench(base_url: str, model: str, levels: list[int], max_tokens: int) -> dict[str, Any]:
-    async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=3600) as client:
-        print("warming up", file=sys.stderr)
-        await _one(client, model, QUESTIONS[0], 8)
-        out: dict[str, Any] = {}
-        for n in levels:
-            print(f"{n} concurrent request(s), {max_tokens} tokens each", file=sys.stderr)
-            out[str(n)] = await _level(client, model, n, max_tokens)
-            print(f"  {out[str(n)]}", file=sys.stderr)
-        return out
+def _print_table(table: dict[str, Any], levels: list[int]) -> None:
+    _log(f"\n{'system':18s} " + " ".join(f"{n:>4} req tok/s (x hf)" for n in levels)
+         + "  same ids batched | max dlogprob batched | vs trainer")
+    for system, row in table.items():
+        cells = " ".join(
+            f"{row[str(n)]:>12.1f} ({row.get('vs_hf_generate', {}).get(str(n), 1.0):4.2f}x)" for n in levels)
+        extra = ""
+        if "batch_invariant_ids" in row:
+            extra = (f"  {row['batch_invariant_ids']!s:>16} | {row['batch_logprob_max_diff']:20.2e} | "
+                     f"{row['trainer_logprob_max_diff']:.2e}")
+        _log(f"{system:18s} {cells}{extra}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--base-url", default=None, help="benchmark a running server instead of starting one")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16, float16")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores but one)")
+    ap.add_argument("--options", nargs="+", choices=OPTIONS, default=OPTIONS)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: every usable core)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefix-cache", action="store_true", help="keep agl's prefix cache on (off by default)")
+    ap.add_argument("--skip-guarantees", action="store_true")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--max-batch", type=int, default=8, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    server = None
-    base_url = args.base_url
-    if base_url is None:
-        from rl_backend.serving import start_embedded_server
+    from rl_backend.serving.threads import usable_cores
 
-        print(f"loading {args.model}", file=sys.stderr)
-        server = start_embedded_server(
-            args.model, device=args.device, dtype=args.dtype, threads=args.threads, max_batch_size=max(args.concurrency)
-        )
-        base_url = server.base_url
+    threads = args.threads or len(usable_cores())
+    if args.worker == "hf-generate":
+        _hf_worker(threads)
+        return 0
+    if args.worker:
+        _agl_worker(args.worker.removeprefix("agl-"), threads, args.max_batch, args.prefix_cache)
+        return 0
+
+    _log(f"starting one process per system, {threads} thread(s) each")
+    systems = ["hf-generate", *(f"agl-{o}" for o in args.options)]
+    workers: dict[str, Worker] = {}
+    samples: dict[str, dict[int, list[float]]] = {s: {n: [] for n in args.concurrency} for s in systems}
+    guarantees = {}
     try:
-        levels = asyncio.run(_bench(base_url.rstrip("/"), args.model, args.concurrency, args.max_tokens))
+        for system in systems:
+            workers[system] = Worker(system, args, threads)
+
+        def run(system: str, n: int, max_tokens: int) -> float:
+            if system == "hf-generate":
+                return float(workers[system].ask({"n": n, "max_tokens": max_tokens})["tok_s"])
+            return asyncio.run(_agl_level(workers[system].ready["base_url"], n, max_tokens))
+
+        for system in systems:  # warm-up
+            run(system, 1, 4)
+        for r in range(args.rounds):
+            for n in args.concurrency:
+                for system in systems:
+                    tps = run(system, n, args.max_tokens)
+                    samples[system][n].append(tps)
+                    _log(f"round {r + 1}/{args.rounds}  {system:18s} {n} request(s): {tps:7.1f} tok/s")
+        if not args.skip_guarantees:
+            for system in systems[1:]:
+                _log(f"checking {system}: alone against batched, and against the float32 forward")
+                guarantees[system] = _guarantees(workers[system].ready["base_url"], workers["hf-generate"], 24)
     finally:
-        if server is not None:
-            server.stop()
+        for worker in workers.values():
+            worker.close()
 
-    result: dict[str, Any] = {
-        "bench": "serving",
-        "model": args.model,
-        "max_tokens": args.max_tokens,
-        "levels": levels,
+    table: dict[str, Any] = {}
+    for system in systems:
+        row: dict[str, Any] = {str(n): round(statistics.median(v), 1) for n, v in samples[system].items()}
+        row["samples"] = {str(n): [round(x, 1) for x in v] for n, v in samples[system].items()}
+        if system != "hf-generate":
+            row["vs_hf_generate"] = {
+                str(n): round(statistics.median(
+                    a / b for a, b in zip(samples[system][n], samples["hf-generate"][n], strict=True)), 2)
+                for n in args.concurrency
+            }
+            row.update(guarantees.get(system, {}))
+        table[system] = row
+    _print_table(table, args.concurrency)
+    import torch
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(json.dumps({
+        "bench": "serving", "model": MODEL, "max_tokens": args.max_tokens, "threads": threads, "rounds": args.rounds,
+        "prefix_cache": args.prefix_cache, "systems": table,
         "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-            "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+            "cpu_count": os.cpu_count(), "usable_cores": len(usable_cores()), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "load_avg_1m_at_end": round(load, 2) if load is not None else None,
         },
-    }
-    if server is not None:
-        import torch
-
-        result["machine"]["torch"] = torch.__version__
-        result["machine"]["torch_threads"] = torch.get_num_threads()
-        result["machine"]["device"] = str(server.engine.device)
-        result["machine"]["dtype"] = str(server.engine.loaded.model.dtype).replace("torch.", "")
-    lo, hi = str(min(args.concurrency)), str(max(args.concurrency))
-    if lo != hi and levels[lo]["tokens_per_s"]:
-        result["speedup"] = round(levels[hi]["tokens_per_s"] / levels[lo]["tokens_per_s"], 2)
-    print(json.dumps(result))
+    }))
     return 0
 
 

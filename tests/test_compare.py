@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from rl_backend.store.db import RunStore
-from tests.conftest import run_agl
+from tests.conftest import invoke_agl, run_agl
 from tests.test_optimize import write_synth_spec
 
 
@@ -84,5 +84,5 @@ def test_runs_compare_on_shared_tasks_only(runs: tuple[Path, str, str]) -> None:
 ])
 def test_usage_errors(runs: tuple[Path, str, str], refs: list[str], message: str) -> None:
     folder, run, _ = runs
-    result = run_agl(["compare", *(r.format(run=run) for r in refs)], cwd=folder)
+    result = invoke_agl(["compare", *(r.format(run=run) for r in refs)], cwd=folder)
     assert result.returncode == 2 and message in result.stderr, result.stderr

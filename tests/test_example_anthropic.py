@@ -11,7 +11,7 @@ import pytest
 from rl_backend.store.db import RunStore
 from tests.conftest import REPO, run_agl
 
-pytestmark = [pytest.mark.model]
+pytestmark = pytest.mark.usefixtures("smollm2")
 
 
 def test_anthropic_sdk_agent_on_the_embedded_model(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from rl_backend.store.db import RunStore
 from tests.conftest import REPO, run_agl
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("smollm2"), pytest.mark.slow]
 
 
 def test_eval_of_the_offline_example_on_20_tasks(tmp_path: Path) -> None:

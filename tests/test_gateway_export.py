@@ -14,7 +14,7 @@ import pytest
 from rl_backend.gateway import export
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord
-from tests.conftest import run_agl
+from tests.conftest import invoke_agl, run_agl
 
 
 def _records() -> list[CallRecord]:
@@ -136,5 +136,5 @@ def test_spans_go_to_an_otlp_endpoint(store_path: Path, collector: tuple[str, ty
                      timeout=60)
     assert result.returncode == 0 and "sent 3 spans" in result.stderr, result.stderr
     assert len(handler.received) == 2
-    result = run_agl(["gateway", "export", str(store_path), "--endpoint", url], store_path.parent, timeout=60)
+    result = invoke_agl(["gateway", "export", str(store_path), "--endpoint", url], store_path.parent)
     assert result.returncode == 2 and "--format otlp" in result.stderr

@@ -30,7 +30,7 @@ from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, Rollout, RolloutStatus
-from tests.conftest import FIXTURES, agl_env, run_agl
+from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl
 
 
 def write_synth_spec(folder: Path, p_values: list[Any], *, n_val: int, n_test: int, **extra: Any) -> Path:
@@ -310,15 +310,15 @@ def test_candidate_file_dry_run_and_pilot_reuse(tmp_path: Path) -> None:
 ])
 def test_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
     write_synth_spec(tmp_path, [0.5, 0.6], n_val=4, n_test=2)
-    result = run_agl(["optimize", "agl.yaml", *args], cwd=tmp_path)
+    result = invoke_agl(["optimize", "agl.yaml", *args], cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_specs_that_cannot_be_optimized_are_usage_errors(tmp_path: Path) -> None:
     write_synth_spec(tmp_path, [0.5], n_val=4, n_test=2)
-    result = run_agl(["optimize", "agl.yaml"], cwd=tmp_path)
+    result = invoke_agl(["optimize", "agl.yaml"], cwd=tmp_path)
     assert result.returncode == 2 and "nothing to optimize" in result.stderr
     write_synth_spec(tmp_path, [0.5, 0.6], n_val=4, n_test=2, tasks={"path": "tasks.jsonl"})
-    result = run_agl(["optimize", "agl.yaml"], cwd=tmp_path)
+    result = invoke_agl(["optimize", "agl.yaml"], cwd=tmp_path)
     assert result.returncode == 2 and "defines no splits" in result.stderr

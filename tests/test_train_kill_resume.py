@@ -17,55 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import FIXTURES, agl_env, run_agl
+from tests.conftest import agl_env, run_agl, write_tiny_train_spec
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
-AGENT = FIXTURES / "one_call_agent.py"
 STEPS = 3
-
-
-def tiny_chat_model(folder: Path) -> Path:
-    """A randomly initialised 2-layer Llama with SmolLM2-135M-Instruct's tokenizer and chat template."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from rl_backend.serving.model_store import ModelNotAvailable, resolve_model_dir
-
-    try:
-        source = resolve_model_dir("smollm2-135m-instruct")
-    except ModelNotAvailable as exc:
-        pytest.skip(str(exc))
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
-    return folder
-
-
-def write_train_spec(folder: Path, model: Path) -> Path:
-    tasks = [{"id": f"t{i}", "question": f"Say a word about the number {i}.", "split": "train"} for i in range(6)]
-    tasks += [{"id": f"v{i}", "question": f"Name a colour, {i}.", "split": "val"} for i in range(2)]
-    (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    spec = {
-        "name": "kill-resume",
-        "agent": {"command": f"python {AGENT} {{task_file}} {{output_file}}", "timeout_s": 120},
-        "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
-        "grader": {"command": f"python {AGENT} --grade {{task_file}} {{output_file}}"},
-        "upstreams": {"local": {"kind": "embedded", "model": str(model)}},
-        "model": "local/tiny",
-        "concurrency": 4,
-    }
-    path = folder / "agl.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 def _wait_for(predicate: object, timeout_s: float, proc: subprocess.Popen[str]) -> None:
@@ -78,8 +37,8 @@ def _wait_for(predicate: object, timeout_s: float, proc: subprocess.Popen[str]) 
 
 
 @pytest.mark.parametrize("loop", ["sync", "collocated-async"])
-def test_sigkill_mid_training_then_resume(tmp_path: Path, loop: str) -> None:
-    spec = write_train_spec(tmp_path, tiny_chat_model(tmp_path / "tiny"))
+def test_sigkill_mid_training_then_resume(tmp_path: Path, loop: str, tiny_chat_model: Path) -> None:
+    spec = write_tiny_train_spec(tmp_path, tiny_chat_model)
     runs = tmp_path / "runs"
     args = [sys.executable, "-m", "agl_cli", "train", str(spec), "--steps", str(STEPS), "--tasks-per-step", "2",
             "--group-size", "2", "--heldout-limit", "2", "--lr", "1e-3", "--loop", loop, "--runs-dir", str(runs),
@@ -87,7 +46,7 @@ def test_sigkill_mid_training_then_resume(tmp_path: Path, loop: str) -> None:
     proc = subprocess.Popen(args, cwd=tmp_path, env=agl_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        _wait_for(lambda: any(runs.glob("*/checkpoints/step-1/trainer_state.json")), 240, proc)
+        _wait_for(lambda: any(runs.glob("*/checkpoints/step-*/trainer_state.json")), 240, proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # mid-run: its next batch, a checkpoint or a row may be half done
         proc.wait(30)

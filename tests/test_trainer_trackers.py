@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_agl
+from tests.conftest import invoke_agl
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -91,8 +91,8 @@ def test_unknown_or_missing_tracker_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(TrackerError, match="unknown tracker"):
         parse_trackers("tensorboard,comet")
     assert parse_trackers(" tensorboard , wandb,tensorboard") == ["tensorboard", "wandb"]
-    result = run_agl(["train", str(tmp_path / "agl.yaml"), "--track", "comet"], cwd=tmp_path)
+    result = invoke_agl(["train", str(tmp_path / "agl.yaml"), "--track", "comet"], cwd=tmp_path)
     assert result.returncode == 2 and "use any of tensorboard, wandb, mlflow" in result.stderr
     if importlib.util.find_spec(PACKAGES["mlflow"][0]) is None:
-        result = run_agl(["train", str(tmp_path / "agl.yaml"), "--track", "mlflow"], cwd=tmp_path)
+        result = invoke_agl(["train", str(tmp_path / "agl.yaml"), "--track", "mlflow"], cwd=tmp_path)
         assert result.returncode == 2 and "pip install mlflow" in result.stderr, result.stderr

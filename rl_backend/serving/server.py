@@ -23,6 +23,7 @@ from starlette.routing import Route
 from ..httpserver import ServerThread
 from .detok import TokenText
 from .engine import Completion, Engine, EngineError
+from .linear import Precision
 from .model_store import DEFAULT_MODEL
 from .protocol import Parsed, RequestError, parse_chat, parse_completion
 from .responses import Reply, sse
@@ -225,14 +226,19 @@ def start_embedded_server(
     threads: int | None = None,
     device: str | None = None,
     dtype: str | None = None,
+    precision: Precision = "float32",
     log_level: str = "warning",
 ) -> EmbeddedServer:
     """Load `model` (unless an `engine` is given), start it, and serve it on host:port (0: the OS picks).
 
-    `dtype` is a torch dtype name ("float32", "bfloat16"); the default is float32 on CPU, bfloat16 on GPU.
+    `dtype` is the torch dtype the model is loaded in ("float32", "bfloat16"; default float32 on CPU, bfloat16 on
+    GPU); `precision` is the CPU fast runner's (float32, or bfloat16 for evaluation only: see linear.py); `threads`
+    fixes the CPU threads (default: follow the load).
     """
     if engine is None:
-        engine = Engine.from_model(model, device=device, dtype=dtype, max_batch_size=max_batch_size, threads=threads)
+        engine = Engine.from_model(
+            model, device=device, dtype=dtype, max_batch_size=max_batch_size, threads=threads, precision=precision
+        )
     engine.start()
     thread = ServerThread(create_app(engine), host=host, port=port, log_level=log_level)
     try:

@@ -1,0 +1,252 @@
+"""The fast runner: a lean forward pass for Llama-family models (Llama, SmolLM2, Mistral, Qwen2) on the CPU.
+
+It reads the weights of the loaded Hugging Face model and computes the same function with less work per step:
+- the matrix products use weights packed once (`linear.py`; q/k/v fused into one product, gate/up into another);
+- prefill is batched: the new tokens of every admitted prompt go through each product as one matrix, and attention
+  runs per prompt over its own keys, so nothing is padded;
+- each sequence keeps its keys and values in its own buffer (`prefix_cache.py`), so decode appends in place,
+  attention reads exactly a row's own positions, and a finished sequence's cache serves the next prompt that starts
+  the same way (an agent's next turn) without recomputing it.
+
+Batch invariance: a row's products do not depend on the other rows (see `linear.py`), normalisation and rotary
+embeddings are per row, and attention is computed per row over its own length, so a request's token ids and logprobs
+come out the same, bit for bit on the CPUs tested, whether it runs alone or with others.
+
+Models it cannot run exactly (other architectures, sliding windows, dynamic rotary scaling) are reported by
+`unsupported_reason`, and the engine serves them through the Hugging Face forward instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .linear import PackedLinear, Precision
+from .prefix_cache import PrefixCache, SeqKV
+
+_FAMILIES = {"llama", "mistral", "qwen2"}
+_ROPE_TYPES = {"default", "linear", "llama3"}
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the fast runner cannot serve `model` exactly, or None when it can."""
+    config = model.config
+    if getattr(config, "model_type", None) not in _FAMILIES:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {sorted(_FAMILIES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not silu"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _ROPE_TYPES:
+        return f"rotary scaling {rope_type!r}"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "the model does not have the Llama module layout"
+    if next(model.parameters()).device.type != "cpu":
+        return "the model is not on the CPU"
+    return None
+
+
+@dataclass
+class _Layer:
+    norm1: torch.Tensor
+    qkv: PackedLinear
+    out: PackedLinear
+    norm2: torch.Tensor
+    gate_up: PackedLinear
+    down: PackedLinear
+
+
+class LlamaRunner:
+    """Prefill and decode for a Llama-family model; sequences are `SeqKV`s (see the module docstring)."""
+
+    def __init__(self, model: Any, *, precision: Precision = "float32", prefix_cache_bytes: int = 1 << 30) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the fast runner cannot serve this model: {reason}")
+        self.model = model
+        self.precision: Precision = precision
+        config = model.config
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.layers_n = int(config.num_hidden_layers)
+        self.eps = float(config.rms_norm_eps)
+        self.cache = PrefixCache(prefix_cache_bytes)
+        self.counters = {"prefill_tokens": 0, "reused_tokens": 0}
+        # Packed on first use, or by refresh(), on the thread that computes: packing runs torch's OpenMP threads,
+        # which live as long as the thread that started them, and a second set beside the engine's makes libgomp
+        # count more threads than cores and throttle both (two-thread decode steps ran 2.3 times slower).
+        self._layers: list[_Layer] | None = None
+
+    def refresh(self) -> None:
+        """Pack the model's current weights (after new weights were loaded) and forget every cached sequence."""
+        inner = self.model.model
+        self._layers = [
+            _Layer(
+                norm1=layer.input_layernorm.weight.detach().float(),
+                qkv=_fused(self.precision, layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                out=_fused(self.precision, layer.self_attn.o_proj),
+                norm2=layer.post_attention_layernorm.weight.detach().float(),
+                gate_up=_fused(self.precision, layer.mlp.gate_proj, layer.mlp.up_proj),
+                down=_fused(self.precision, layer.mlp.down_proj),
+            )
+            for layer in inner.layers
+        ]
+        self._embed = inner.embed_tokens.weight.detach().float()
+        self._norm = inner.norm.weight.detach().float()
+        self._head = _fused(self.precision, self.model.lm_head)
+        rotary = inner.rotary_emb
+        positions = torch.arange(int(self.model.config.max_position_embeddings), dtype=torch.float32)
+        # The same products as the Hugging Face rotary module computes, tabulated once.
+        freqs = positions[:, None] * rotary.inv_freq.float()[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._cos, self._sin = angles.cos() * scale, angles.sin() * scale
+        self.cache.clear()
+
+    # ---- sequences ---------------------------------------------------------------------------------------------
+
+    def _new_seq(self, capacity: int) -> SeqKV:
+        return SeqKV.empty((self.layers_n, self.kv_heads, self.head_dim), capacity, torch.float32, self._embed.device)
+
+    def release(self, seqs: list[SeqKV]) -> None:
+        """Sequences that are done: their caches go to the prefix cache."""
+        for seq in seqs:
+            self.cache.put(seq)
+
+    def clear(self) -> None:
+        self.cache.clear()
+
+    # ---- forward -----------------------------------------------------------------------------------------------
+
+    def _packed(self) -> list[_Layer]:
+        if self._layers is None:
+            self.refresh()
+        assert self._layers is not None
+        return self._layers
+
+    def prefill(self, prompts: list[list[int]]) -> tuple[list[SeqKV], torch.Tensor]:
+        """Start a sequence per prompt (reusing cached prefixes); the logits of each prompt's last position."""
+        layers = self._packed()
+        seqs = [self.cache.take(p, self._new_seq(len(p) + 64)) for p in prompts]
+        spans: list[tuple[SeqKV, int, int]] = []  # (sequence, first new position, new tokens)
+        ids: list[int] = []
+        positions: list[int] = []
+        for seq, prompt in zip(seqs, prompts, strict=True):
+            start = seq.length
+            seq.reserve(len(prompt) + 1)
+            spans.append((seq, start, len(prompt) - start))
+            ids += prompt[start:]
+            positions += range(start, len(prompt))
+            self.counters["reused_tokens"] += start
+        self.counters["prefill_tokens"] += len(ids)
+        pos = torch.tensor(positions, dtype=torch.long)
+        x = F.embedding(torch.tensor(ids, dtype=torch.long), self._embed)
+        cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
+        for index, layer in enumerate(layers):
+            q, kv = self._qkv(layer, x, cos, sin)
+            outs = []
+            offset = 0
+            for seq, start, n in spans:
+                end = start + n
+                cache = seq.kv[index]
+                cache[:, :, start:end] = kv[offset : offset + n].permute(1, 2, 0, 3)
+                qi = q[offset : offset + n].transpose(0, 1).unsqueeze(0)
+                keys, values = cache[0, :, :end].unsqueeze(0), cache[1, :, :end].unsqueeze(0)
+                o = _attend(qi, keys, values, start)
+                outs.append(o[0].transpose(0, 1).reshape(n, -1))
+                offset += n
+            x = self._finish_layer(layer, x, torch.cat(outs) if len(outs) > 1 else outs[0])
+        last = torch.tensor(list(_cumulative_ends([n for _, _, n in spans])), dtype=torch.long)
+        for (seq, _, _), prompt in zip(spans, prompts, strict=True):
+            seq.tokens = list(prompt)
+        return seqs, self._logits(x[last])
+
+    def decode(self, seqs: list[SeqKV], tokens: list[int]) -> torch.Tensor:
+        """Feed each sequence its next token; the logits that follow, one row per sequence."""
+        layers = self._packed()
+        positions = [seq.length for seq in seqs]
+        for seq, n in zip(seqs, positions, strict=True):
+            seq.reserve(n + 1)
+        pos = torch.tensor(positions, dtype=torch.long)
+        x = F.embedding(torch.tensor(tokens, dtype=torch.long), self._embed)
+        cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
+        group = self.heads // self.kv_heads
+        scale = self.head_dim**-0.5
+        for index, layer in enumerate(layers):
+            q, kv = self._qkv(layer, x, cos, sin)
+            # A single query per row: the query heads sharing a key head become that head's query rows. Plain
+            # products rather than scaled_dot_product_attention, whose fixed cost per call dominates at this size.
+            q = (q * scale).view(len(seqs), self.kv_heads, group, self.head_dim)
+            outs = []
+            for row, (seq, n) in enumerate(zip(seqs, positions, strict=True)):
+                cache = seq.kv[index]
+                cache[:, :, n] = kv[row]
+                weights = torch.softmax(torch.matmul(q[row], cache[0, :, : n + 1].transpose(1, 2)), dim=-1)
+                outs.append(torch.matmul(weights, cache[1, :, : n + 1]).view(1, -1))
+            x = self._finish_layer(layer, x, torch.cat(outs) if len(outs) > 1 else outs[0])
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.tokens.append(token)
+        return self._logits(x)
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries [rows, heads, dim] and new keys and values [rows, 2, kv_heads, dim], rotary embeddings applied."""
+        rows, d = x.shape[0], self.head_dim
+        qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.norm1, self.eps)).view(rows, -1, d)
+        rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
+        kv = torch.stack((rotated[:, self.heads :], qkv[:, self.heads + self.kv_heads :]), dim=1)
+        return rotated[:, : self.heads], kv
+
+    def _finish_layer(self, layer: _Layer, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        x = x + layer.out(attention)
+        gate, up = layer.gate_up(F.rms_norm(x, (x.shape[-1],), layer.norm2, self.eps)).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self._head(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps))
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of the queries at positions start.. over every key up to theirs ([1, heads, n, dim]).
+
+    The CPU kernel handles queries in blocks of 32 or more from the first one, and a last block of one to three
+    queries with other arithmetic. Padding such a block to four rows (copies of the last query, dropped after) makes
+    every query's result independent of where its prefill started: a prompt whose start came from the prefix cache
+    gets the same bits as one computed whole (with the cache resuming at a multiple of 16).
+    """
+    n, end = q.shape[2], keys.shape[2]
+    mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+    pad = 4 - n % 32 if n % 32 in (1, 2, 3) else 0
+    if pad:
+        q = torch.cat((q, q[:, :, -1:].expand(-1, -1, pad, -1)), dim=2)
+        mask = torch.cat((mask, mask[-1:].expand(pad, -1)))
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)[:, :, :n]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _fused(precision: Precision, *linears: Any) -> PackedLinear:
+    weight = torch.cat([lin.weight.detach() for lin in linears]) if len(linears) > 1 else linears[0].weight.detach()
+    bias = None
+    if any(getattr(lin, "bias", None) is not None for lin in linears):
+        bias = torch.cat([
+            lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears
+        ])
+    return PackedLinear(weight, bias, precision)
+
+
+def _cumulative_ends(lengths: list[int]) -> list[int]:
+    ends, total = [], 0
+    for n in lengths:
+        total += n
+        ends.append(total - 1)
+    return ends

@@ -1,0 +1,176 @@
+"""The embedded engine's runners on a tiny random Llama (seconds, not minutes): the fast runner computes what the
+Hugging Face forward computes, batched prefill and decode are batch invariant, a finished request's cache serves the
+next prompt that extends it, new weights drop the cache, bfloat16 keeps batch invariance, and the HF runner still
+serves what the fast runner cannot."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from rl_backend.serving.engine import Engine  # noqa: E402
+from rl_backend.serving.llama_runner import LlamaRunner, unsupported_reason  # noqa: E402
+from rl_backend.serving.model_store import load_model  # noqa: E402
+from rl_backend.serving.sampling import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_chat_model: Path) -> Any:
+    return load_model(str(tiny_chat_model), device="cpu")
+
+
+def _prompts(loaded: Any, texts: list[str]) -> list[list[int]]:
+    return [loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)["input_ids"] for t in texts]
+
+
+TEXTS = ["Hi!", "Write a short story about a robot who learns to paint, with a twist at the end.", "Why is the sky blue?"]
+
+
+def _hf_logits(model: Any, ids: list[int]) -> Any:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def test_fast_runner_computes_the_hf_forward(loaded: Any) -> None:
+    assert unsupported_reason(loaded.model) is None
+    runner = LlamaRunner(loaded.model, prefix_cache_bytes=0)
+    prompts = _prompts(loaded, TEXTS)
+    with torch.inference_mode():
+        seqs, logits = runner.prefill(prompts)
+        steps = [logits]
+        tokens = [logits.argmax(-1).tolist()]
+        for _ in range(5):
+            steps.append(runner.decode(seqs, tokens[-1]))
+            tokens.append(steps[-1].argmax(-1).tolist())
+    for row, prompt in enumerate(prompts):
+        generated = [t[row] for t in tokens[:-1]]
+        reference = _hf_logits(loaded.model, prompt + generated)[len(prompt) - 1 :]
+        ours = torch.stack([s[row] for s in steps])
+        assert torch.allclose(ours, reference, atol=1e-4), (ours - reference).abs().max()
+        assert seqs[row].tokens == prompt + generated
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_rows_do_not_depend_on_their_batch(loaded: Any, precision: str) -> None:
+    """A prompt prefilled and decoded alone gives the same logits as inside a batch (bit for bit on oneDNN CPUs)."""
+    runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0)  # type: ignore[arg-type]
+    prompts = _prompts(loaded, TEXTS)
+
+    def run(batch: list[list[int]]) -> list[Any]:
+        with torch.inference_mode():
+            seqs, logits = runner.prefill(batch)
+            out = [logits]
+            for _ in range(4):
+                out.append(runner.decode(seqs, out[-1].argmax(-1).tolist()))
+            return [torch.stack([o[i] for o in out]) for i in range(len(batch))]
+
+    together = run(prompts)
+    for i, prompt in enumerate(prompts):
+        (alone,) = run([prompt])
+        assert (alone - together[i]).abs().max().item() <= 1e-6
+
+
+def test_bfloat16_stays_close_to_float32(loaded: Any) -> None:
+    prompts = _prompts(loaded, TEXTS)
+    with torch.inference_mode():
+        _, full = LlamaRunner(loaded.model, prefix_cache_bytes=0).prefill(prompts)
+        _, half = LlamaRunner(loaded.model, precision="bfloat16", prefix_cache_bytes=0).prefill(prompts)
+    gap = (torch.log_softmax(full, -1) - torch.log_softmax(half, -1)).abs().max().item()
+    assert 0 < gap < 0.1
+
+
+def test_next_turn_reuses_the_previous_turn_and_computes_the_same(loaded: Any) -> None:
+    (prompt,) = _prompts(loaded, ["Count the letters in the word strawberry, one by one."])
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    warm = Engine(loaded, threads=1).start()
+    cold = Engine(loaded, threads=1, prefix_cache_mb=0).start()
+    try:
+        first = warm.generate_sync(prompt, params, timeout_s=60)
+        assert first.token_ids == cold.generate_sync(prompt, params, timeout_s=60).token_ids
+        # The agent's next turn: the previous prompt and reply, then a tool result, then the assistant opener.
+        tail = loaded.tokenizer.encode("<|im_end|>\n<|im_start|>user\nRESULT: 10<|im_end|>\n<|im_start|>assistant\n")
+        second = prompt + first.token_ids + tail
+        before = warm.stats()["reused_tokens"]
+        again = warm.generate_sync(second, params, timeout_s=60)
+        reused = warm.stats()["reused_tokens"] - before
+        # What the first turn computed (its prompt and reply but the last token, never fed), cut to a multiple of 16
+        # at least four positions before the end, came from the cache.
+        cached = len(prompt) + len(first.token_ids) - 1
+        assert reused == min(cached, len(second) - 4) // 16 * 16 and reused > len(prompt)
+        fresh = cold.generate_sync(second, params, timeout_s=60)
+        assert cold.stats()["reused_tokens"] == 0
+        assert again.token_ids == fresh.token_ids
+        assert [c.logprob for c in again.logprobs] == pytest.approx([c.logprob for c in fresh.logprobs], abs=1e-5)
+
+        # The same prompt again (a sibling: another variant, another seed) reuses it and gets the same bits.
+        before = warm.stats()["reused_tokens"]
+        repeat = warm.generate_sync(second, params, timeout_s=60)
+        assert warm.stats()["reused_tokens"] > before
+        assert repeat.token_ids == again.token_ids
+        assert [c.logprob for c in repeat.logprobs] == [c.logprob for c in again.logprobs]
+    finally:
+        warm.stop()
+        cold.stop()
+
+
+def test_new_weights_drop_the_cached_prefixes(loaded: Any) -> None:
+    (prompt,) = _prompts(loaded, ["Tell me something about the moon and the tides, in detail please."])
+    params = SamplingParams(max_tokens=4, temperature=0, top_logprobs=1)
+    engine = Engine(loaded, threads=1).start()
+    try:
+        base = engine.generate_sync(prompt, params, timeout_s=60)
+        original = {k: v.clone() for k, v in loaded.model.state_dict().items()}
+        changed = {k: v * 1.5 if k.endswith("mlp.down_proj.weight") else v for k, v in original.items()}
+        engine.load_state_dict(changed, "step-1", timeout_s=60)
+        after = engine.generate_sync(prompt, params, timeout_s=60)
+        assert after.model_version == "step-1"
+        assert engine.stats()["reused_tokens"] == 0
+        reference = torch.log_softmax(_hf_logits(loaded.model, prompt)[-1], -1)
+        assert after.logprobs[0].logprob == pytest.approx(reference[after.token_ids[0]].item(), abs=1e-4)
+        assert after.logprobs[0].logprob != pytest.approx(base.logprobs[0].logprob, abs=1e-4)
+        engine.load_state_dict(original, "base-again", timeout_s=60)
+        back = engine.generate_sync(prompt, params, timeout_s=60)
+        assert back.token_ids == base.token_ids and back.logprobs[0].logprob == base.logprobs[0].logprob
+    finally:
+        engine.stop()
+
+
+def test_hf_runner_serves_what_the_fast_runner_cannot(loaded: Any) -> None:
+    prompts = _prompts(loaded, TEXTS)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    hf = Engine(loaded, threads=1, fast=False).start()
+    fast = Engine(loaded, threads=1, prefix_cache_mb=0).start()
+    try:
+        assert hf.stats()["runner"] == "hf" and fast.stats()["runner"] == "fast"
+        results: dict[str, list[Any]] = {}
+        for name, engine in (("hf", hf), ("fast", fast)):
+            out: list[Any] = [None] * len(prompts)
+
+            def go(i: int, engine: Engine = engine, out: list[Any] = out) -> None:
+                out[i] = engine.generate_sync(prompts[i], params, timeout_s=60)
+
+            threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            results[name] = out
+        for a, b in zip(results["hf"], results["fast"], strict=True):
+            assert len(a.token_ids) == len(b.token_ids) == 6
+            for x, y in zip(a.logprobs, b.logprobs, strict=True):
+                if x.token_id == y.token_id:
+                    assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+    finally:
+        hf.stop()
+        fast.stop()
+    with pytest.raises(ValueError, match="bfloat16"):
+        Engine(loaded, fast=False, precision="bfloat16")
+    with pytest.raises(ValueError, match="precision"):
+        Engine(loaded, precision="float8")  # type: ignore[arg-type]
