@@ -5,7 +5,6 @@ never read whole; and a command that cannot start is refused before the first ro
 from __future__ import annotations
 
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -155,16 +154,26 @@ def test_configured_keys_never_reach_what_agl_writes(tmp_path: Path, echo_upstre
     assert key not in result.stdout and key not in result.stderr
 
 
+# Runs a command and prints the peak memory of it and its descendants. A process started straight from pytest would
+# report pytest's own resident memory too: a forked child starts with its parent's pages, and the peak survives exec.
+PEAK_OF = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True)
+sys.stdout.buffer.write(done.stdout)
+sys.stderr.buffer.write(done.stderr)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+sys.exit(done.returncode)
+"""
+
+
 def test_a_huge_output_file_is_never_read_whole(tmp_path: Path) -> None:
     write_spec(tmp_path, [{"id": "big", "behavior": "sparse_output", "mb": 300, "grader": "blind"}],
                agent={"command": AGENT}, grader={"command": GRADER})
-    proc = subprocess.Popen([sys.executable, "-m", "agl_cli", "eval", "agl.yaml", "--json", "--no-report"],
-                            cwd=tmp_path, env=agl_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
-    proc.stdout.close(), proc.stderr.close()  # type: ignore[union-attr,func-returns-value]
-    assert os.waitstatus_to_exitcode(status) == 0, err.decode()
-    peak_mb = usage.ru_maxrss / 1024  # kilobytes on Linux; the largest of agl and whatever it waited for
+    done = subprocess.run([sys.executable, "-c", PEAK_OF, sys.executable, "-m", "agl_cli", "eval", "agl.yaml",
+                           "--json", "--no-report"], cwd=tmp_path, env=agl_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    peak_mb = int(done.stderr.strip().splitlines()[-1]) / 1024  # kilobytes on Linux: agl and what it waited for
     assert peak_mb < 200, f"agl peaked at {peak_mb:.0f} MB for a 300 MB output file"
     rollout = _by_task(json.loads(out))["big"]
     assert rollout.reward == 1.0 and len(rollout.output or "") == 64 * 1024
