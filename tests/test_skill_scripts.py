@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,14 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "skills" / "agent-lightning" 
 TRACEBACK = "Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'answer'"
 
 
-def run_script(name: str, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+# The scripts read runs through `agl`: the one installed beside this Python, found first on PATH.
+AGL_ON_PATH = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+
+def run_script(name: str, *args: str, cwd: Path, stdin: str | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=cwd, input=stdin, capture_output=True,
-                          text=True, timeout=60, check=False)
+                          text=True, timeout=60, check=False, env=env or AGL_ON_PATH)
 
 
 def as_json(result: subprocess.CompletedProcess[str]) -> Any:
