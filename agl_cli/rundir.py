@@ -136,14 +136,6 @@ class RunDir:
         return run
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """A run folder's manifest, or None when it has none or it is damaged: scans over every run skip those."""
-    try:
-        return RunDir(folder).manifest()
-    except UsageError:
-        return None
-
-
 @dataclass(frozen=True)
 class IndexedRun:
     """A run of the runs folder with its manifest."""
