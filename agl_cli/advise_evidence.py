@@ -43,6 +43,15 @@ class UpstreamUse:
     cost_usd: float = 0.0  # of the priced calls
     unpriced_calls: int = 0  # calls without a price: the cost is unknown when there are any
 
+    def add(self, calls: int, with_token_ids: int, output_tokens: int, latency_s: float, cost_usd: float,
+            unpriced_calls: int) -> None:
+        self.calls += calls
+        self.with_token_ids += with_token_ids
+        self.output_tokens += output_tokens
+        self.latency_s += latency_s
+        self.cost_usd += cost_usd
+        self.unpriced_calls += unpriced_calls
+
 
 @dataclass
 class RunEvidence:
@@ -70,13 +79,8 @@ class Evidence:
         total: dict[str, UpstreamUse] = defaultdict(UpstreamUse)
         for run in self.runs:
             for name, use in run.upstreams.items():
-                t = total[name]
-                t.calls += use.calls
-                t.with_token_ids += use.with_token_ids
-                t.output_tokens += use.output_tokens
-                t.latency_s += use.latency_s
-                t.cost_usd += use.cost_usd
-                t.unpriced_calls += use.unpriced_calls
+                total[name].add(use.calls, use.with_token_ids, use.output_tokens, use.latency_s, use.cost_usd,
+                                use.unpriced_calls)
         return dict(total)
 
 
@@ -111,13 +115,9 @@ def _read_store(store: RunStore, run_id: str) -> tuple[list[RolloutRow], dict[st
             served[group.rollout_id].add(group.upstream)
         if group.failed:
             continue  # a failed call says nothing about what its upstream serves
-        use = upstreams.setdefault(group.upstream, UpstreamUse())
-        use.calls += group.calls
-        use.with_token_ids += group.with_token_ids
-        use.output_tokens += group.output_tokens
-        use.latency_s += group.latency_s
-        use.cost_usd += group.priced_usd
-        use.unpriced_calls += group.unpriced_calls
+        upstreams.setdefault(group.upstream, UpstreamUse()).add(
+            group.calls, group.with_token_ids, group.output_tokens, group.latency_s, group.priced_usd,
+            group.unpriced_calls)
     # The newest attempt of each (variant, task, seed) that finished; cancelled or running ones say nothing.
     rollouts = [
         RolloutRow(run_id, r.variant, r.task_id, r.seed, r.split, r.reward, r.started_at, r.ended_at,

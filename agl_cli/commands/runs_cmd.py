@@ -73,10 +73,7 @@ def runs_command(
 ) -> None:
     """List runs: id, kind, status, spec; runs whose manifest is damaged are named apart, with the reason. With RUN,
     that run's rollouts: status, reward or why none, and their model calls' tokens, cost and latency per model."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from agl_cli.console import print_json, print_table, stderr_console, stdout_console
+    from agl_cli.console import print_json, print_rows, stderr_console
     from agl_cli.errors import UsageError
     from agl_cli.rundir import RunsIndex, find_run
 
@@ -87,18 +84,16 @@ def runs_command(
         if json_output:
             print_json(doc)
             return
-        table = Table(title=f"run {doc['run_id']} ({doc['kind']}): the newest attempt of each rollout",
-                      title_justify="left")
-        for column in ("rollout", "variant", "task", "seed", "split", "status", "reward", "calls", "cost"):
-            table.add_column(column)
+        rows = []
         for r in doc["rollouts"]:
             calls = sum(u["calls"] for u in r["calls"].values())
             unknown = any(u["cost_usd"] is None for u in r["calls"].values())
             cost = "—" if unknown else f"${sum(u['cost_usd'] for u in r['calls'].values()):.4f}"
             reward = f"{r['reward']:g}" if r["reward"] is not None else f"none ({r['failure'] or r['status']})"
-            table.add_row(*(Text(cell) for cell in (r["id"], r["variant"], r["task_id"], str(r["seed"]),
-                                                    r["split"] or "", r["status"], reward, str(calls), cost)))
-        print_table(stdout_console(), table)
+            rows.append((r["id"], r["variant"], r["task_id"], str(r["seed"]), r["split"] or "", r["status"], reward,
+                         str(calls), cost))
+        print_rows(f"run {doc['run_id']} ({doc['kind']}): the newest attempt of each rollout",
+                   ("rollout", "variant", "task", "seed", "split", "status", "reward", "calls", "cost"), rows)
         return
 
     index = RunsIndex.scan(runs_dir)
@@ -106,13 +101,8 @@ def runs_command(
     if json_output:
         print_json(listing)
         return
-    table = Table(title=f"runs in {index.root}", title_justify="left")
-    for column in ("run", "kind", "status", "split", "variants", "spec"):
-        table.add_column(column)
-    for row in listing["runs"]:
-        cells = (row["run_id"], row["kind"] or "", row["status"] or "", row["split"] or "all",
-                 ", ".join(row["variants"]), row["spec"] or "")
-        table.add_row(*(Text(cell) for cell in cells))
-    print_table(stdout_console(), table)
+    print_rows(f"runs in {index.root}", ("run", "kind", "status", "split", "variants", "spec"),
+               [(row["run_id"], row["kind"] or "", row["status"] or "", row["split"] or "all",
+                 ", ".join(row["variants"]), row["spec"] or "") for row in listing["runs"]])
     for skipped in index.skipped:
         stderr_console().print(f"skipped {skipped.path.name}: {skipped.reason}", markup=False)

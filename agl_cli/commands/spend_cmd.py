@@ -63,10 +63,7 @@ def spend_command(
 ) -> None:
     """What has been spent across runs (rollouts launched, model cost in USD) and what is left of a budget;
     `over_budget` once either ceiling is reached. Check it before each new eval, compare or optimize."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from agl_cli.console import print_json, print_table, stderr_console, stdout_console
+    from agl_cli.console import print_json, print_rows, stderr_console
     from agl_cli.costs import usd_text
     from agl_cli.rundir import RunsIndex, SkippedRun, read_stores
 
@@ -93,20 +90,16 @@ def spend_command(
     if json_output:
         print_json(doc)
         return
-    table = Table(title=f"spend of the runs in {index.root}", title_justify="left")
-    for column in ("run", "kind", "rollouts", "usd", "reused rollouts", "reused usd"):
-        table.add_column(column)
-    for r in runs:
-        cells = (r["run_id"], r["kind"] or "", str(r["rollouts"]), usd_text(r["usd"], r["unpriced_calls"]),
-                 str(r["reused_rollouts"]), usd_text(r["reused_usd"]))
-        table.add_row(*(Text(cell) for cell in cells))
-    out = stdout_console()
-    print_table(out, table)
+    out = print_rows(f"spend of the runs in {index.root}",
+                     ("run", "kind", "rollouts", "usd", "reused rollouts", "reused usd"),
+                     [(r["run_id"], r["kind"] or "", str(r["rollouts"]), usd_text(r["usd"], r["unpriced_calls"]),
+                       str(r["reused_rollouts"]), usd_text(r["reused_usd"])) for r in runs])
     total = f"total: {rollouts} rollouts launched, {usd_text(doc['usd'], unpriced)}"
     left = doc["left"]
     if left["usd"] is not None or left["rollouts"] is not None:
-        parts = [usd_text(left["usd"])] if left["usd"] is not None else []
-        parts += [f"{left['rollouts']} rollouts"] if left["rollouts"] is not None else []
+        parts = [usd_text(left["usd"]) if left["usd"] >= 0 else f"none ({usd_text(-left['usd'])} over)"] \
+            if left["usd"] is not None else []
+        parts += [f"{max(left['rollouts'], 0)} rollouts"] if left["rollouts"] is not None else []
         total += f"; left of the budget: {', '.join(parts)}" + (" (over budget: stop here)" if over else "")
     out.print(total, markup=False)
     for s in skipped:

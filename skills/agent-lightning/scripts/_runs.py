@@ -29,8 +29,8 @@ def _error_text(stderr: str) -> str:
 
 
 def agl(*args: str) -> Any:
-    """The JSON document agl prints for these arguments plus --json. agl's usage errors (a run that does not exist, an ambiguous prefix, a
-    bad option value) are this script's (exit 2), with agl's message."""
+    """The JSON document agl prints for these arguments plus --json. agl's usage errors (a run that does not
+    exist, an ambiguous prefix, a bad option value) are this script's (exit 2), with agl's message."""
     exe = shutil.which("agl")
     if exe is None:
         fail("agl is not on PATH: activate the virtualenv agl is installed in (or install agl) and run this again")
