@@ -2,20 +2,20 @@
 grouped by upstream, its studies' results, and the optimization journal. Read only: nothing is written, no model
 is called.
 
-Stores are opened with plain sqlite3 and `query_only`, so advising on a run never migrates or locks it.
+Stores are opened read only, so advising on a run never migrates or locks it.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agl_cli.errors import UsageError
-from agl_cli.rundir import CONFIG, MANIFEST, STORE, find_run, read_manifest, runs_root
+from agl_cli.rundir import CONFIG, MANIFEST, RunsIndex, find_run, read_stores, runs_root
+from rl_backend.store.db import RunStore, StoreError
 
 JOURNAL = "journal.jsonl"
 STUDY_RESULT_META = "study.result"  # written by agl_cli.optimize.engine
@@ -42,6 +42,15 @@ class UpstreamUse:
     latency_s: float = 0.0
     cost_usd: float = 0.0  # of the priced calls
     unpriced_calls: int = 0  # calls without a price: the cost is unknown when there are any
+
+    def add(self, calls: int, with_token_ids: int, output_tokens: int, latency_s: float, cost_usd: float,
+            unpriced_calls: int) -> None:
+        self.calls += calls
+        self.with_token_ids += with_token_ids
+        self.output_tokens += output_tokens
+        self.latency_s += latency_s
+        self.cost_usd += cost_usd
+        self.unpriced_calls += unpriced_calls
 
 
 @dataclass
@@ -70,13 +79,8 @@ class Evidence:
         total: dict[str, UpstreamUse] = defaultdict(UpstreamUse)
         for run in self.runs:
             for name, use in run.upstreams.items():
-                t = total[name]
-                t.calls += use.calls
-                t.with_token_ids += use.with_token_ids
-                t.output_tokens += use.output_tokens
-                t.latency_s += use.latency_s
-                t.cost_usd += use.cost_usd
-                t.unpriced_calls += use.unpriced_calls
+                total[name].add(use.calls, use.with_token_ids, use.output_tokens, use.latency_s, use.cost_usd,
+                                use.unpriced_calls)
         return dict(total)
 
 
@@ -103,59 +107,24 @@ def resolve_target(target: str, runs_dir: Path | None) -> tuple[Path, str | None
     return Path(spec_path).resolve(), run.run_id
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, timeout=30.0)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA query_only=1")
-    return conn
-
-
-def _read_store(path: Path, run_id: str) -> tuple[list[RolloutRow], dict[str, UpstreamUse], dict[str, Any] | None]:
-    conn = _connect(path)
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "rollouts" not in tables:
-            return [], {}, None
-        served: dict[str, set[str]] = defaultdict(set)
-        upstreams: dict[str, UpstreamUse] = {}
-        if "calls" in tables:
-            for row in conn.execute(
-                "SELECT upstream, COUNT(*) AS n, SUM(completion_token_ids IS NOT NULL) AS ids, "
-                "COALESCE(SUM(output_tokens), 0) AS out, COALESCE(SUM(latency_s), 0.0) AS lat, "
-                "COALESCE(SUM(cost_usd), 0.0) AS cost, SUM(cost_usd IS NULL) AS unpriced FROM calls "
-                "WHERE status_code IS NULL OR status_code < 400 GROUP BY upstream"
-            ):
-                upstreams[row["upstream"]] = UpstreamUse(
-                    int(row["n"]), int(row["ids"] or 0), int(row["out"]), float(row["lat"]), float(row["cost"]),
-                    int(row["unpriced"] or 0),
-                )
-            for row in conn.execute("SELECT DISTINCT rollout_id, upstream FROM calls WHERE rollout_id IS NOT NULL"):
-                served[row["rollout_id"]].add(row["upstream"])
-        # The newest attempt of each (variant, task, seed) that finished; cancelled or running ones say nothing.
-        newest: dict[str, RolloutRow] = {}
-        attempts: dict[str, int] = {}
-        for row in conn.execute(
-            "SELECT id, key, attempt, variant, task_id, seed, split, status, reward, started_at, ended_at "
-            "FROM rollouts ORDER BY rowid"
-        ):
-            if row["key"] in attempts and attempts[row["key"]] > row["attempt"]:
-                continue
-            attempts[row["key"]] = row["attempt"]
-            if row["status"] not in ("succeeded", "failed", "timed_out"):
-                newest.pop(row["key"], None)
-                continue
-            newest[row["key"]] = RolloutRow(
-                run_id, row["variant"], row["task_id"], int(row["seed"]), row["split"],
-                None if row["reward"] is None else float(row["reward"]), row["started_at"], row["ended_at"],
-                frozenset(served.get(row["id"], ())),
-            )
-        result = None
-        if "meta" in tables:
-            meta = conn.execute("SELECT value FROM meta WHERE key = ?", (STUDY_RESULT_META,)).fetchone()
-            result = json.loads(meta["value"]) if meta else None
-        return list(newest.values()), upstreams, result
-    finally:
-        conn.close()
+def _read_store(store: RunStore, run_id: str) -> tuple[list[RolloutRow], dict[str, UpstreamUse], dict[str, Any] | None]:
+    served: dict[str, set[str]] = defaultdict(set)
+    upstreams: dict[str, UpstreamUse] = {}
+    for group in store.model_calls():
+        if group.rollout_id is not None:
+            served[group.rollout_id].add(group.upstream)
+        if group.failed:
+            continue  # a failed call says nothing about what its upstream serves
+        upstreams.setdefault(group.upstream, UpstreamUse()).add(
+            group.calls, group.with_token_ids, group.output_tokens, group.latency_s, group.priced_usd,
+            group.unpriced_calls)
+    # The newest attempt of each (variant, task, seed) that finished; cancelled or running ones say nothing.
+    rollouts = [
+        RolloutRow(run_id, r.variant, r.task_id, r.seed, r.split, r.reward, r.started_at, r.ended_at,
+                   frozenset(served.get(r.id, ())))
+        for r in store.rollouts(latest_only=True) if r.status.terminal
+    ]
+    return rollouts, upstreams, store.get_meta(STUDY_RESULT_META)
 
 
 def journal_path(runs_dir: Path | None) -> Path:
@@ -185,23 +154,15 @@ def read_journal(path: Path, spec_path: Path) -> list[dict[str, Any]]:
 def gather(target: str, runs_dir: Path | None) -> Evidence:
     spec_path, focus = resolve_target(target, runs_dir)
     evidence = Evidence(spec_path=spec_path, focus_run=focus)
-    root = runs_root(runs_dir)
-    for folder in sorted(root.glob("*")) if root.is_dir() else []:
-        manifest = read_manifest(folder)
-        if manifest is None:
-            continue
-        spec = manifest.get("spec_path")
-        if not spec or Path(spec).resolve() != spec_path or not (folder / STORE).is_file():
-            continue
-        if manifest.get("kind") == "train":
-            continue  # rollouts of a policy being trained say nothing about the model training would start from
+    # Rollouts of a policy being trained say nothing about the model training would start from.
+    runs = [r for r in RunsIndex.scan(runs_dir).select(spec=spec_path, with_store=True) if r.kind != "train"]
+    for entry, store in read_stores(runs):
         try:
-            rollouts, upstreams, result = _read_store(folder / STORE, folder.name)
-        except sqlite3.DatabaseError:
-            continue  # a store another agl is creating right now, or a damaged one: no evidence either way
+            rollouts, upstreams, result = _read_store(store, entry.run_id)
+        except StoreError:
+            continue  # damaged past its first page: no evidence either way
         evidence.runs.append(RunEvidence(
-            folder.name, str(manifest.get("kind", "eval")), float(manifest.get("created_at", 0.0)), manifest,
-            rollouts, upstreams, result,
+            entry.run_id, entry.kind or "eval", entry.created_at, entry.manifest, rollouts, upstreams, result,
         ))
     evidence.journal = read_journal(journal_path(runs_dir), spec_path)
     return evidence

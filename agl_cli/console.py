@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.cells import cell_len
@@ -35,6 +36,20 @@ def print_table(console: Console, table: Table) -> None:
     whole = Console(file=console.file, width=max(natural, title, 1), no_color=True, color_system=None,
                     highlight=False, soft_wrap=True)
     whole.print(table)
+
+
+def print_rows(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Console:
+    """A table of plain text cells (names and ids are never read as markup) on stdout; returns that console."""
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    console = stdout_console()
+    print_table(console, table)
+    return console
 
 
 def print_json(document: Any) -> None:

@@ -18,6 +18,7 @@ from agl_cli.commands import (
     runs_cmd,
     serve_cmd,
     skill_cmd,
+    spend_cmd,
     tasks_cmd,
     train_cmd,
     train_group,
@@ -56,6 +57,7 @@ app.command("optimize")(optimize_cmd.optimize_command)
 app.command("init")(init_cmd.init_command)
 app.command("doctor")(doctor_cmd.doctor_command)
 app.command("runs")(runs_cmd.runs_command)
+app.command("spend")(spend_cmd.spend_command)
 app.command("report")(report_cmd.report_command)
 app.command("transcript")(transcript_cmd.transcript_command)
 app.command("tasks")(tasks_cmd.tasks_command)

@@ -1,4 +1,6 @@
-"""Run directories: `.agl/runs/<run-id>/` with the store, the resolved config and a manifest."""
+"""Run directories, `.agl/runs/<run-id>/` with the store, the resolved config and a manifest, and the runs index:
+the one place that lists the runs folder, finds a run by id or prefix, and picks runs by kind, spec or agent
+version, setting aside damaged ones with the reason."""
 
 from __future__ import annotations
 
@@ -9,16 +11,16 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from agl_cli.errors import UsageError
-from rl_backend.store.db import RunStore
+from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.runlock import RunLock, RunLockedError
 
 MANIFEST = "manifest.json"
@@ -59,8 +61,8 @@ class RunDir:
     def store_path(self) -> Path:
         return self.path / STORE
 
-    def open_store(self) -> RunStore:
-        return RunStore(self.store_path)
+    def open_store(self, *, read_only: bool = False) -> RunStore:
+        return RunStore(self.store_path, read_only=read_only)
 
     def manifest(self) -> dict[str, Any]:
         path = self.path / MANIFEST
@@ -134,12 +136,96 @@ class RunDir:
         return run
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """A run folder's manifest, or None when it has none or it is damaged: scans over every run skip those."""
-    try:
-        return RunDir(folder).manifest()
-    except UsageError:
-        return None
+@dataclass(frozen=True)
+class IndexedRun:
+    """A run of the runs folder with its manifest."""
+
+    run: RunDir
+    manifest: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def kind(self) -> str | None:
+        kind = self.manifest.get("kind")
+        return kind if isinstance(kind, str) else None
+
+    @property
+    def spec_path(self) -> str | None:
+        spec = self.manifest.get("spec_path")
+        return spec if isinstance(spec, str) else None
+
+    @property
+    def created_at(self) -> float:
+        created = self.manifest.get("created_at")
+        return float(created) if isinstance(created, int | float) else 0.0
+
+    @property
+    def has_store(self) -> bool:
+        return self.run.store_path.is_file()
+
+    def of_spec(self, spec_path: Path) -> bool:
+        return self.spec_path is not None and Path(self.spec_path).expanduser().resolve() == spec_path.resolve()
+
+
+@dataclass(frozen=True)
+class SkippedRun:
+    """A run folder the index cannot use, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclass
+class RunsIndex:
+    """The runs under one runs folder, oldest first (run ids begin with their creation time); `skipped` are the
+    folders with a damaged manifest, each with its reason."""
+
+    root: Path
+    runs: list[IndexedRun] = field(default_factory=list)
+    skipped: list[SkippedRun] = field(default_factory=list)
+
+    @classmethod
+    def scan(cls, runs_dir: Path | None = None) -> RunsIndex:
+        index = cls(runs_root(runs_dir))
+        folders = sorted(p for p in index.root.glob("*") if (p / MANIFEST).is_file()) if index.root.is_dir() else []
+        for folder in folders:
+            try:
+                index.runs.append(IndexedRun(RunDir(folder), RunDir(folder).manifest()))
+            except UsageError as exc:
+                index.skipped.append(SkippedRun(folder, exc.message))
+        return index
+
+    def select(self, *, kind: str | None = None, spec: Path | None = None, agent_version: str | None = None,
+               with_store: bool = False, exclude: Path | None = None) -> list[IndexedRun]:
+        """The runs that match every filter given, oldest first."""
+        excluded = exclude.resolve() if exclude is not None else None
+        return [
+            r for r in self.runs
+            if (kind is None or r.kind == kind) and (spec is None or r.of_spec(spec))
+            and (agent_version is None or r.manifest.get("agent_version") == agent_version)
+            and (not with_store or r.has_store) and (excluded is None or r.run.path.resolve() != excluded)
+        ]
+
+    def find(self, reference: str) -> RunDir:
+        """A run by id, by unique id prefix, or `latest`; a run with a damaged manifest is found too, so that the
+        command about it can say what is damaged."""
+        folders = sorted([r.run.path for r in self.runs] + [s.path for s in self.skipped])
+        if reference == "latest":
+            if not folders:
+                raise UsageError(f"no runs under {self.root}")
+            return RunDir(folders[-1])
+        matches = [p for p in folders if p.name == reference] or [p for p in folders if p.name.startswith(reference)]
+        if len(matches) == 1:
+            return RunDir(matches[0])
+        if not matches:
+            raise UsageError(
+                f"no run {reference!r} under {self.root}",
+                hint="`agl runs` lists them; pass --runs-dir or set AGL_HOME if they live elsewhere",
+            )
+        raise UsageError(f"{reference!r} matches {len(matches)} runs: {', '.join(p.name for p in matches[:5])}")
 
 
 def find_run(reference: str, runs_dir: Path | None = None) -> RunDir:
@@ -147,18 +233,21 @@ def find_run(reference: str, runs_dir: Path | None = None) -> RunDir:
     as_path = Path(reference)
     if (as_path / MANIFEST).is_file():
         return RunDir(as_path)
-    root = runs_root(runs_dir)
-    candidates = sorted(p for p in root.glob("*") if (p / MANIFEST).is_file()) if root.is_dir() else []
-    if reference == "latest":
-        if not candidates:
-            raise UsageError(f"no runs under {root}")
-        return RunDir(candidates[-1])
-    matches = [p for p in candidates if p.name == reference] or [p for p in candidates if p.name.startswith(reference)]
-    if len(matches) == 1:
-        return RunDir(matches[0])
-    if not matches:
-        raise UsageError(
-            f"no run {reference!r} under {root}",
-            hint="`agl runs` lists them; pass --runs-dir or set AGL_HOME if they live elsewhere",
-        )
-    raise UsageError(f"{reference!r} matches {len(matches)} runs: {', '.join(p.name for p in matches[:5])}")
+    return RunsIndex.scan(runs_dir).find(reference)
+
+
+def read_stores(runs: Iterable[IndexedRun], skipped: list[SkippedRun] | None = None
+                ) -> Iterator[tuple[IndexedRun, RunStore]]:
+    """Each run's store, opened read only and closed once the caller moves on; a run whose store cannot be read
+    (damaged, newer than this agl, still being created) is passed over, with its reason added to `skipped`."""
+    for entry in runs:
+        try:
+            store = RunStore(entry.run.store_path, read_only=True)
+        except StoreError as exc:
+            if skipped is not None:
+                skipped.append(SkippedRun(entry.run.path, str(exc)))
+            continue
+        try:
+            yield entry, store
+        finally:
+            store.close()

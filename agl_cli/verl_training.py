@@ -66,18 +66,11 @@ def render_config(settings: Any) -> tuple[str, Any]:
 
 def newest_verl_run(spec_path: Path, runs_dir: Path | None) -> RunDir | None:
     """The newest verl training run of the spec at `spec_path`, if any (what `--resume` continues)."""
-    from agl_cli.rundir import runs_root
+    from agl_cli.rundir import RunsIndex
 
-    wanted = str(spec_path.resolve())
-    for folder in sorted(runs_root(runs_dir).glob("*"), reverse=True):  # run ids sort by time
-        if not (folder / "manifest.json").is_file():
-            continue
-        run = RunDir(folder)
-        manifest = run.manifest()
-        if (manifest.get("kind") == "train" and manifest.get("spec_path") == wanted
-                and (manifest.get("options") or {}).get("backend") == "verl"):
-            return run
-    return None
+    runs = [r for r in RunsIndex.scan(runs_dir).select(kind="train", spec=spec_path)
+            if (r.manifest.get("options") or {}).get("backend") == "verl"]
+    return runs[-1].run if runs else None
 
 
 class VerlTraining(Trainer):

@@ -11,7 +11,7 @@ from agl_cli.costs import paired_cost, usd_text
 from agl_cli.optimize.objectives import Constraints, breach, choose, measure, pareto_front
 from agl_cli.served import ServedModels, same_model, served_models
 from agl_cli.summary import summarize_variant
-from rl_backend.store.db import MIGRATIONS, RunStore
+from rl_backend.store.db import RunStore
 from rl_backend.store.records import (
     Api,
     CallRecord,
@@ -22,6 +22,7 @@ from rl_backend.store.records import (
     RolloutStatus,
     RouteKind,
 )
+from rl_backend.store.schema import SCHEMA_VERSION
 
 
 def _rollout(rid: str, task: str, variant: str = "v", reward: float = 1.0) -> Rollout:
@@ -37,7 +38,7 @@ def _call(n: int, rid: str, cost: float | None, *, requested: str = "m", model: 
 
 def test_the_store_counts_unpriced_calls_instead_of_adding_them_as_zero(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "s.sqlite")
-    assert store.schema_version == len(MIGRATIONS)
+    assert store.schema_version == SCHEMA_VERSION
     store.insert_calls([_call(1, "a", 0.25), _call(2, "a", 0.5), _call(3, "b", 0.25), _call(4, "b", None)])
     totals = store.call_totals_by_rollout()
     assert totals["a"] == CallTotals(calls=2, input_tokens=20, output_tokens=10, priced_usd=0.75, unpriced_calls=0)

@@ -256,14 +256,14 @@ def test_writer_commits_a_lone_call_inline_and_queues_while_the_store_is_locked(
 
 
 def test_rows_redact_secrets_echoed_into_requests_responses_and_errors() -> None:
-    from rl_backend.gateway.writer import call_row
+    from rl_backend.store.codec import encode_call
 
     secret = 'sk-"odd"-secret'
     record = CallRecord(
         call_id="c", api=Api.openai_chat, upstream="u", request={"messages": [{"content": f"my key is {secret}"}]},
         response={"echo": secret}, error=f"upstream_http_401: bad key {secret}",
     )
-    row = " ".join(str(v) for v in call_row(record, (secret, "")))
+    row = " ".join(str(v) for v in encode_call(record, (secret, "")))
     assert "odd" not in row and row.count("[redacted]") == 3
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,14 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "skills" / "agent-lightning" 
 TRACEBACK = "Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'answer'"
 
 
-def run_script(name: str, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+# The scripts read runs through `agl`: the one installed beside this Python, found first on PATH.
+AGL_ON_PATH = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+
+def run_script(name: str, *args: str, cwd: Path, stdin: str | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPTS / name), *args], cwd=cwd, input=stdin, capture_output=True,
-                          text=True, timeout=60, check=False)
+                          text=True, timeout=60, check=False, env=env or AGL_ON_PATH)
 
 
 def as_json(result: subprocess.CompletedProcess[str]) -> Any:
@@ -223,3 +229,30 @@ def test_journal_refuses_to_keep_what_the_test_split_calls_worse(variants_on_val
     assert refused.returncode == 2 and "test confirmation says `worse`" in refused.stderr
     entry = as_json(run_script("journal.py", *args, "--decision", "reverted", cwd=folder))["entry"]
     assert entry["verdict"] == "better" and entry["test"]["verdict"] == "worse"
+
+
+# -- the scripts read runs through agl, so the skill survives a change of the run store's format -------------------
+
+
+def test_the_scripts_never_open_the_run_store_themselves() -> None:
+    for script in sorted(SCRIPTS.glob("*.py")):
+        text = script.read_text()
+        assert "sqlite" not in text and "store.sqlite" not in text and "manifest.json" not in text, script.name
+
+
+def test_the_scripts_say_when_agl_is_not_on_path(project: Path) -> None:
+    bare = {**os.environ, "PATH": str(project / "no-bin-here")}
+    for args in (("failures.py",), ("transcript.py", "r01"), ("spend.py",)):
+        result = run_script(*args, cwd=project, env=bare)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "agl is not on PATH" in json.loads(result.stderr)["error"]
+
+
+def test_spend_passes_over_a_damaged_run_and_says_why(project: Path) -> None:
+    damaged = project / ".agl" / "runs" / "20200101-000000-dead"
+    damaged.mkdir()
+    (damaged / "manifest.json").write_text('{"kind": "ev')
+    (damaged / "store.sqlite").write_bytes(b"")
+    doc = as_json(run_script("spend.py", "--budget-usd", "1", cwd=project))
+    assert doc["rollouts"] == 6 and doc["usd"] == pytest.approx(0.006)
+    assert [Path(s["run_dir"]).name for s in doc["skipped"]] == [damaged.name] and "damaged" in doc["skipped"][0]["reason"]

@@ -16,7 +16,7 @@ if importlib.util.find_spec("verl") is None:  # found, not imported: importing v
 
 from rl_backend.store.db import RunStore  # noqa: E402
 from rl_backend.store.records import FailureKind, Rollout, RolloutStatus  # noqa: E402
-from rl_backend.trainer.curves import has_table, read_curve  # noqa: E402
+from rl_backend.trainer.curves import read_curve  # noqa: E402
 from rl_backend.trainer.loop import LoopConfig, TrainingLoop, latest_checkpoint  # noqa: E402
 from rl_backend.trainer.torch_backend import TorchTrainer, TrainerConfig  # noqa: E402
 from rl_backend.trainer.toy import make_tasks, run_rollouts, tiny_llama  # noqa: E402
@@ -40,7 +40,7 @@ class FakeEngine:
 
 def open_store(path: Path) -> RunStore:
     store = RunStore(path)
-    assert has_table(store)  # the store's own migrations create the curves table
+    assert read_curve(store) == []  # the store's own migrations create the curves table
     return store
 
 

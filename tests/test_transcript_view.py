@@ -1,17 +1,16 @@
 """The model's reply in view: a triage agent that misreads hedged replies (it takes the first label named) runs
 through the gateway; `agl transcript RUN --failing --replies-only` then shows every failing rollout's last reply
-beside the agent's output in one call, `agl transcript RUN ROLLOUT` one whole transcript, and the skill's
-`failures.py --replies` the same reply per example. stdout is piped, as a coding agent reads it."""
+beside the agent's output in one call, `agl transcript RUN ROLLOUT` one whole transcript (`--raw`: the stored
+records), and the skill's `failures.py --replies` the same reply per example. stdout is piped, as a coding agent
+reads it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from agl_cli.report import transcripts
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY
 from rl_backend.store.records import Api, CallRecord
-from tests.conftest import FIXTURES, REPO, run_agl
+from tests.conftest import FIXTURES, REPO, agl_env, run_agl
 
 SCRIPTS = REPO / "skills" / "agent-lightning" / "scripts"
 TICKETS = [
@@ -82,17 +81,31 @@ def test_one_rollout_whole_transcript(triage_run: tuple[Path, str]) -> None:
     assert only["last_reply"] == "Not billing: this is account_access."
 
 
+def test_raw_transcript_is_the_stored_records_without_secrets(triage_run: tuple[Path, str]) -> None:
+    folder, run_id = triage_run
+    doc = json.loads(run_agl(["transcript", run_id, "--task", "t1", "--raw", "--json"], cwd=folder, check=True).stdout)
+    (only,) = doc["rollouts"]
+    assert only["task"]["ticket"] == "Cannot log in after the password reset"
+    assert only["rollout"]["task_id"] == "t1" and only["rollout"]["reward"] == 0.0 and only["rollout"]["duration_s"] > 0
+    (call,) = only["calls"]
+    assert call["api"] == "openai.chat" and call["request"]["messages"][0]["role"] == "system"
+    assert call["response"]["choices"][0]["message"]["content"] == "Not billing: this is account_access."
+    assert "logprobs" not in call and UPSTREAM_KEY not in json.dumps(doc)
+    refused = CliRunner().invoke(app, ["transcript", run_id, "--raw", "--runs-dir", str(folder / ".agl" / "runs")])
+    assert refused.exit_code == 2 and "--raw goes with --json" in refused.output
+
+
 def test_failures_script_shows_the_reply(triage_run: tuple[Path, str]) -> None:
     folder, run_id = triage_run
     result = subprocess.run([sys.executable, str(SCRIPTS / "failures.py"), run_id, "--replies"], cwd=folder,
-                            capture_output=True, text=True, timeout=60, check=True)
+                            capture_output=True, text=True, timeout=60, check=True, env=agl_env())
     doc = json.loads(result.stdout)
     replies = {f["task_id"]: f["last_reply"] for f in doc["failures"]}
     assert replies == {"t1": "Not billing: this is account_access.",
                        "t3": "It looks like billing at first, but it is account_access."}
     assert f"agl transcript {run_id} --failing --replies-only --json" in doc["next"]
     without = json.loads(subprocess.run([sys.executable, str(SCRIPTS / "failures.py"), run_id], cwd=folder,
-                                        capture_output=True, text=True, timeout=60, check=True).stdout)
+                                        capture_output=True, text=True, timeout=60, check=True, env=agl_env()).stdout)
     assert all("last_reply" not in f for f in without["failures"])
 
 
@@ -115,15 +128,7 @@ def test_usage_errors_exit_2(triage_run: tuple[Path, str], monkeypatch: pytest.M
     assert runner.invoke(app, ["transcript", "no-such-run"]).exit_code == 2
 
 
-# -- the skill's scripts read replies with the standard library alone: the same text as agl's own reading ----------
-
-
-def _skill_runs() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("skill_runs", SCRIPTS / "_runs.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# -- a reply is read from every API's response (the skill's scripts read it through agl, never on their own) ------
 
 
 RESPONSES: list[tuple[Api, dict[str, Any]]] = [
@@ -143,8 +148,6 @@ RESPONSES: list[tuple[Api, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("api", "response"), RESPONSES)
-def test_the_skills_reply_reading_matches_agls(api: Api, response: dict[str, Any]) -> None:
+def test_a_reply_is_read_from_every_apis_response(api: Api, response: dict[str, Any]) -> None:
     call = CallRecord(call_id="c", rollout_id="r", api=api, upstream="u", response=response)
-    assert _skill_runs().reply_text(api.value, response) == transcripts.reply_text(call)
-    if "error" not in response:
-        assert transcripts.reply_text(call)
+    assert bool(transcripts.reply_text(call)) is ("error" not in response)

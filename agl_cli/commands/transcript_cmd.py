@@ -1,6 +1,7 @@
 """`agl transcript RUN [ROLLOUT]`: what the model saw and answered, for one rollout or for every rollout of a run
 that a filter picks (`--failing`, `--variant`, `--split`, `--task`), in one call. `--replies-only` keeps each
-rollout's last model reply beside the agent's output: where a parser that misreads the reply shows itself."""
+rollout's last model reply beside the agent's output: where a parser that misreads the reply shows itself.
+`--raw` gives the stored records instead of readable turns: the rollout, its task, each call's request and response."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from agl_cli.cli_support import handle_errors
 
 if TYPE_CHECKING:
     from agl_cli.report.transcripts import Transcript
-    from rl_backend.store.records import Rollout
+    from rl_backend.store.records import CallRecord, Rollout
 
 
 def _pick(rollouts: list[Rollout], *, failing: bool, below: float, variant: str | None, split: str | None,
@@ -45,6 +46,24 @@ def _document(rollout: Rollout, view: Transcript, reply: str | None, *, replies_
         } for c in view.calls]
         doc["stderr_tail"] = view.stderr
     return doc
+
+
+def _raw_document(rollout: Rollout, calls: list[CallRecord], task_file: Path) -> dict[str, Any]:
+    """The stored records of one rollout, secrets removed; calls without their token ids and logprobs."""
+    import json
+
+    from agl_cli.report.redact import scrub
+
+    try:
+        task = json.loads(task_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        task = None  # a rollout that never started has no task file
+    return {
+        "rollout": scrub({**rollout.model_dump(mode="json"), "duration_s": rollout.duration_s}),
+        "task": scrub(task),
+        "calls": [scrub(c.model_dump(mode="json", exclude={"prompt_token_ids", "completion_token_ids", "logprobs"}))
+                  for c in calls],
+    }
 
 
 def _indent(text: str) -> str:
@@ -79,6 +98,7 @@ def transcript_command(
     rollout: Annotated[Optional[str], typer.Argument(help="One rollout: its id or a unique prefix (default: the rollouts the filters pick).")] = None,  # noqa: UP045,E501
     failing: Annotated[bool, typer.Option("--failing", help="Only finished rollouts with no reward or a reward below --below.")] = False,  # noqa: E501
     replies_only: Annotated[bool, typer.Option("--replies-only", help="Per rollout only the model's last reply, the agent's output and the reward.")] = False,  # noqa: E501
+    raw: Annotated[bool, typer.Option("--raw", help="With --json: per rollout the stored records (secrets removed): the rollout, its task, and each call's request and response as sent and received.")] = False,  # noqa: E501
     variant: Annotated[Optional[str], typer.Option(help="Only this variant.")] = None,  # noqa: UP045
     split: Annotated[Optional[str], typer.Option(help="Only rollouts of this split.")] = None,  # noqa: UP045
     task: Annotated[Optional[str], typer.Option(help="Only this task id.")] = None,  # noqa: UP045
@@ -99,6 +119,8 @@ def transcript_command(
 
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
+    if raw and (replies_only or not json_output):
+        raise UsageError("--raw goes with --json, and not with --replies-only")
     if rollout is not None and (failing or variant or split or task):
         raise UsageError("give either one ROLLOUT or filters (--failing, --variant, --split, --task), not both")
     target = find_run(run, runs_dir)
@@ -119,6 +141,9 @@ def transcript_command(
         docs = []
         for r in chosen:
             calls = store.calls(rollout_id=r.id)
+            if raw:
+                docs.append(_raw_document(r, calls, target.path / "rollouts" / r.id / "task.json"))
+                continue
             docs.append(_document(r, transcript(r, calls, anchor(r.id)), last_reply(calls), replies_only=replies_only))
     finally:
         store.close()

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from agl_cli.evaluation import PlannedRollout, rollout_id
 from agl_cli.run_spend import IMPORTED_META, imported_ids
-from agl_cli.rundir import RunDir, read_manifest
+from agl_cli.rundir import RunDir, RunsIndex, read_stores
 from agl_cli.spec import ExperimentSpec
 from agl_cli.tasks import Task
-from rl_backend.store.db import RunStore, StoreError
+from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, Rollout
 
 REUSABLE_FAILURES = {FailureKind.agent_crashed, FailureKind.agent_timeout, FailureKind.no_output}
@@ -103,22 +103,12 @@ class ResultCache:
                  reuse_failures: bool = False) -> None:
         self.version = version
         self.entries: dict[str, _Source] = {}
-        for path in sorted(runs_root.glob("*")) if runs_root.is_dir() else []:
-            if exclude is not None and path.resolve() == exclude.resolve():
-                continue
-            manifest = read_manifest(path)
-            if manifest is None or manifest.get("agent_version") != version or not (path / "store.sqlite").is_file():
-                continue
-            try:
-                store = RunStore(path / "store.sqlite")
-            except StoreError:
-                continue  # a damaged run is no source; the run that uses the cache must not fail for it
-            try:
-                for rollout in store.rollouts(latest_only=True):
-                    if reusable(rollout, reuse_failures=reuse_failures):
-                        self.entries.setdefault(rollout.key, _Source(RunDir(path), rollout))
-            finally:
-                store.close()
+        runs = RunsIndex.scan(runs_root).select(agent_version=version, with_store=True, exclude=exclude)
+        # A damaged run is no source; the run that uses the cache must not fail for it.
+        for entry, store in read_stores(runs):
+            for rollout in store.rollouts(latest_only=True):
+                if reusable(rollout, reuse_failures=reuse_failures):
+                    self.entries.setdefault(rollout.key, _Source(entry.run, rollout))
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -159,7 +149,7 @@ class ResultCache:
                 "split": item.task.split,
             })
             if source.run.path not in sources:
-                sources[source.run.path] = source.run.open_store()
+                sources[source.run.path] = source.run.open_store(read_only=True)
             calls = [c.model_copy(update={"rollout_id": copy.id}) for c in sources[source.run.path].calls(source.rollout.id)]
             # Marked before the row lands: a crash in between leaves a mark without a row (harmless), never a
             # copied row that the budget would count as paid for by this study.

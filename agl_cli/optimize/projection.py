@@ -18,8 +18,7 @@ from agl_cli.evaluation import make_plan
 from agl_cli.optimize.cache import ResultCache
 from agl_cli.optimize.racing import schedule
 from agl_cli.optimize.study import Study
-from agl_cli.rundir import read_manifest
-from rl_backend.store.db import RunStore, StoreError
+from agl_cli.rundir import RunsIndex, read_stores
 from rl_backend.store.records import CallTotals
 
 MIN_HISTORY = 3
@@ -29,25 +28,16 @@ def history(runs_root: Path, version: str) -> list[dict[str, float | None]]:
     """Finished rollouts of any run with this agent version: cost (None: a call without a price), tokens and
     duration of each."""
     rows: list[dict[str, float | None]] = []
-    for path in sorted(runs_root.glob("*")) if runs_root.is_dir() else []:
-        manifest = read_manifest(path)
-        if manifest is None or manifest.get("agent_version") != version or not (path / "store.sqlite").is_file():
-            continue
-        try:
-            store = RunStore(path / "store.sqlite")
-        except StoreError:
-            continue  # a damaged run teaches nothing about cost or time
-        try:
-            totals = store.call_totals_by_rollout()
-            for r in store.rollouts(latest_only=True):
-                if r.status.terminal and r.duration_s is not None:
-                    used = totals.get(r.id, CallTotals())
-                    rows.append({
-                        "cost_usd": used.cost_usd, "duration_s": r.duration_s,
-                        "input_tokens": float(used.input_tokens), "output_tokens": float(used.output_tokens),
-                    })
-        finally:
-            store.close()
+    # A damaged run teaches nothing about cost or time.
+    for _, store in read_stores(RunsIndex.scan(runs_root).select(agent_version=version, with_store=True)):
+        totals = store.call_totals_by_rollout()
+        for r in store.rollouts(latest_only=True):
+            if r.status.terminal and r.duration_s is not None:
+                used = totals.get(r.id, CallTotals())
+                rows.append({
+                    "cost_usd": used.cost_usd, "duration_s": r.duration_s,
+                    "input_tokens": float(used.input_tokens), "output_tokens": float(used.output_tokens),
+                })
     return rows
 
 

@@ -170,10 +170,9 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         stored_variants = store.variants()
         study = store.get_meta(STUDY_RESULT_META) if kind == "study" else None
         metrics_meta = store.get_meta(TRAIN_METRICS_META)
-        reused = imported_ids(store)
+        usage = read_usage(store, imported_ids(store))
     finally:
         store.close()
-    usage = read_usage(run.store_path, reused)
     listed = [v["name"] for v in manifest.get("variants", []) if isinstance(v, dict) and "name" in v]
     names = list(dict.fromkeys(listed + list(stored_variants) + [r.variant for r in latest]))
     knobs = {n: stored_variants.get(n, {}).get("knobs", {}) for n in names}

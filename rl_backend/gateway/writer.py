@@ -10,16 +10,15 @@ its record right on the event loop, through a second connection that never waits
 queue it as usual). That saves the two thread hand-offs, a few hundred microseconds on a busy machine, when nobody
 else would have used the loop meanwhile; under concurrency, group commit is cheaper and is what happens.
 
-Rows are serialised here, off the event loop, straight from the record's fields (one JSON encoding per column), and
-secrets (upstream keys, rollout tokens) an agent echoed into a request or an upstream into a response are redacted
-from that text before it reaches the store.
+Rows are encoded here, off the event loop, by the store's own codec (rl_backend.store.codec, the one the store reads
+them back with), and secrets (upstream keys, rollout tokens) an agent echoed into a request or an upstream into a
+response are redacted from that text before it reaches the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import queue
 import sqlite3
@@ -27,15 +26,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from rl_backend.gateway.jsonfast import dumps
+from rl_backend.store.codec import INSERT_CALL, encode_call
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import CallRecord
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_COLUMNS = tuple(CallRecord.model_fields)
-_INSERT = f"INSERT OR IGNORE INTO calls ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
 _STOP = object()
 
 
@@ -58,34 +55,6 @@ class _Job:
     def __init__(self, fn: Callable[[RunStore], Any], done: Callable[[Any, BaseException | None], None]) -> None:
         self.fn = fn
         self.done = done
-
-
-def _redact(text: str, secrets: Sequence[str], *, json_text: bool) -> str:
-    for secret in secrets:
-        # In JSON text the secret appears as a JSON string would spell it.
-        spelled = dumps(secret).decode()[1:-1] if json_text else secret
-        if spelled and spelled in text:
-            text = text.replace(spelled, "[redacted]")
-    return text
-
-
-def call_row(record: CallRecord, secrets: Sequence[str] = ()) -> tuple[Any, ...]:
-    """The `calls` row of a record: JSON text for dicts and lists, enum values, bools as 0/1; secrets redacted."""
-    row: list[Any] = []
-    for name in _COLUMNS:
-        value = getattr(record, name)
-        if isinstance(value, dict | list):
-            value = dumps(value).decode()
-            if secrets and name in ("request", "response"):
-                value = _redact(value, secrets, json_text=True)
-        elif isinstance(value, enum.Enum):
-            value = value.value
-        elif isinstance(value, bool):
-            value = int(value)
-        elif secrets and name == "error" and value:
-            value = _redact(value, secrets, json_text=False)
-        row.append(value)
-    return tuple(row)
 
 
 def _settle(futures: list[asyncio.Future[None]], exc: BaseException | None) -> None:
@@ -172,12 +141,12 @@ class RecordWriter:
                 conn = sqlite3.connect(self.store.path, timeout=0, isolation_level=None, check_same_thread=False)
                 conn.execute("PRAGMA synchronous=NORMAL")  # as RunStore: committed rows survive a kill -9
                 self._inline = conn
-            row = call_row(record, secrets)
+            row = encode_call(record, secrets)
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:
             return False  # busy (another writer holds the lock) or no second connection: queue it instead
         try:
-            conn.execute(_INSERT, row)
+            conn.execute(INSERT_CALL, row)
             conn.execute("COMMIT")
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
@@ -278,9 +247,7 @@ class RecordWriter:
     def _commit(self, batch: list[_Item]) -> None:
         errors: list[BaseException | None] = []
         try:
-            rows = [call_row(i.record, i.secrets) for i in batch]
-            with self.store.transaction() as conn:
-                conn.executemany(_INSERT, rows)
+            self.store.insert_call_rows([encode_call(i.record, i.secrets) for i in batch])
             errors = [None] * len(batch)
             self._written_thread += len(batch)
         except Exception:
@@ -288,9 +255,7 @@ class RecordWriter:
             log.exception("gateway: batch insert of %d calls failed; retrying one by one", len(batch))
             for item in batch:
                 try:
-                    row = call_row(item.record, item.secrets)
-                    with self.store.transaction() as conn:
-                        conn.execute(_INSERT, row)
+                    self.store.insert_call_rows([encode_call(item.record, item.secrets)])
                 except Exception as exc:
                     self.failed += 1
                     log.exception("gateway: could not store call %s", item.record.call_id)

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rl_backend.store.db import RunStore
 from rl_backend.trainer.curves import StepRecord
 from rl_backend.trainer.loop import TrainingLoop, version_step
 
@@ -74,7 +75,7 @@ class NoRolloutsError(RuntimeError):
     """The source produced no complete group in time."""
 
 
-def rollout_staleness(store: Any, rollout_id: str, trainer_step: int) -> int | None:
+def rollout_staleness(store: RunStore, rollout_id: str, trainer_step: int) -> int | None:
     """How many updates behind `trainer_step` the oldest recorded call of a rollout was served; None when no call
     names a known model version (then nothing says it is stale)."""
     steps = [s for c in store.calls(rollout_id) if (s := version_step(c.model_version)) is not None]

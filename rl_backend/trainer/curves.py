@@ -1,27 +1,16 @@
 """Training curves in the run store: one `train_steps` row per iteration of the training loop.
 
-The table comes from a migration appended to `rl_backend.store.db.MIGRATIONS` (its text is TRAIN_STEPS_MIGRATION
-below); nothing here creates tables, so a store is only ever changed by its migrations. Pure Python (no torch): the
-CLI reads curves with `read_curve` without loading the training stack.
+The store owns the table (its `add_train_steps` migration) and the row format (rl_backend.store.codec); this module
+owns what a step records. Pure Python (no torch): the CLI reads curves with `read_curve` without loading the
+training stack.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rl_backend.store.db import MIGRATIONS
-
-# Appended to MIGRATIONS as one entry. The migration runner splits on ";", so no ";" inside.
-TRAIN_STEPS_MIGRATION = MIGRATIONS[1]
-
-_COLUMNS = (
-    "step", "model_version", "updated", "started_at", "ended_at", "rollouts", "trained_rollouts", "reward_mean",
-    "pass_rate", "entropy", "kl", "loss", "grad_norm", "tokens_per_s", "rollouts_per_min", "staleness_mean",
-    "staleness_max", "checkpoint",
-)
+from rl_backend.store.db import RunStore
 
 
 @dataclass
@@ -52,42 +41,9 @@ class StepRecord:
         return asdict(self)
 
 
-def _finite(value: Any) -> Any:
-    # SQLite and JSON both dislike NaN: a metric that could not be computed is stored as missing.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+def record_step(store: RunStore, record: StepRecord) -> None:
+    store.add_train_step(asdict(record))
 
 
-def has_table(store: Any) -> bool:
-    with store.transaction() as conn:
-        row = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'train_steps'").fetchone()
-    return row is not None
-
-
-def record_step(store: Any, record: StepRecord) -> None:
-    values = [_finite(getattr(record, c)) for c in _COLUMNS]
-    values[_COLUMNS.index("updated")] = int(record.updated)
-    metrics = json.dumps(_clean(record.metrics), default=str)
-    sql = f"INSERT INTO train_steps ({', '.join(_COLUMNS)}, metrics) VALUES ({', '.join('?' for _ in _COLUMNS)}, ?)"
-    with store.transaction() as conn:
-        conn.execute(sql, (*values, metrics))
-
-
-def read_curve(store: Any) -> list[StepRecord]:
-    with store.transaction() as conn:
-        rows = conn.execute(f"SELECT {', '.join(_COLUMNS)}, metrics FROM train_steps ORDER BY seq").fetchall()
-    out = []
-    for row in rows:
-        data = {c: row[c] for c in _COLUMNS}
-        data["updated"] = bool(data["updated"])
-        out.append(StepRecord(**data, metrics=json.loads(row["metrics"])))
-    return out
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return _finite(value)
+def read_curve(store: RunStore) -> list[StepRecord]:
+    return [StepRecord(**row) for row in store.train_steps()]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 from rl_backend.trainer.advantage import Singletons, grpo_advantages
 from rl_backend.trainer.batch import make_batch
@@ -83,7 +84,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def restore_missing_step(store: Any, directory: Path) -> StepRecord | None:
+def restore_missing_step(store: RunStore, directory: Path) -> StepRecord | None:
     """Write the `train_steps` row of the newest checkpoint when the store lacks it (the process died between the
     checkpoint and the row); returns the restored record, or None when nothing was missing."""
     latest = latest_checkpoint(directory)
@@ -115,7 +116,7 @@ class _Timings:
 class TrainingLoop:
     def __init__(
         self,
-        store: Any,
+        store: RunStore,
         trainer: Any,
         run_batch: RunBatch,
         *,

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, RewardSource, Rollout, RolloutStatus
 
 BOS, TOOL = 0, 1
@@ -127,7 +128,7 @@ def run_rollouts(
     return batch
 
 
-def stored_batches(store: Any, trainer: Any, tasks: list[ToyTask], group_size: int) -> Callable[[int], list[str]]:
+def stored_batches(store: RunStore, trainer: Any, tasks: list[ToyTask], group_size: int) -> Callable[[int], list[str]]:
     """A sync loop's `run_batch` on the toy task: each batch sampled from the trainer's current weights and put in
     the store, as an agent's rollouts through the gateway would be."""
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rl_backend.store.db import RunStore
 from rl_backend.store.records import CallRecord, Rollout
 
 MergeMode = Literal["previous", "any"]
@@ -238,7 +239,7 @@ def build_trajectories(
 
 
 def trajectories_from_store(
-    store: Any, rollout_ids: Iterable[str], **kwargs: Any
+    store: RunStore, rollout_ids: Iterable[str], **kwargs: Any
 ) -> tuple[list[RolloutTrajectory], TrajectoryReport]:
     """build_trajectories over rollouts read from a RunStore; unknown ids are reported as dropped."""
     rollouts: list[Rollout] = []

@@ -12,7 +12,8 @@ Examples:
   failures.py 20250101-120000-ab12 --variant baseline --limit 5
   failures.py 20250101-120000-ab12 --replies --limit 100
   agl eval agl.yaml --split val --json | failures.py --eval-json -
-Read only; standard library only. Exit 0 on success, 2 on a usage error.
+Read only; standard library only. It reads the run with `agl runs RUN --json` (and, for --replies, `agl transcript
+RUN --failing --replies-only --json`), so agl must be on PATH. Exit 0 on success, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from typing import Any
 
 sys.dont_write_bytecode = True  # no __pycache__ inside an installed skill
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import TERMINAL, clip, connect, emit, fail, find_run, last_reply, manifest, percentile  # noqa: E402
-from _runs import latest_rollouts as read_rollouts  # noqa: E402
+from _runs import TERMINAL, agl, clip, emit, fail, percentile, runs_dir_args  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,34 +44,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def pick_run(args: argparse.Namespace) -> Path:
+def pick_run(args: argparse.Namespace) -> str:
+    """The run to read, as agl takes it: an id, a prefix, `latest`, or the run folder an `agl eval --json` names."""
     if not args.eval_json:
-        return find_run(args.run, args.runs_dir)
+        return str(args.run)
     try:
         text = sys.stdin.read() if args.eval_json == "-" else Path(args.eval_json).read_text()
         run_dir = json.loads(text)["run_dir"]
     except (OSError, ValueError, KeyError, TypeError):
         fail(f"--eval-json {args.eval_json}: not the JSON document of `agl eval --json`")
-    return find_run(run_dir, args.runs_dir)
+    return str(run_dir)
 
 
-def call_breakdown(conn: Any) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
+def call_breakdown(rollouts: list[dict[str, Any]]
+                   ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
     """Per rollout and model: calls, tokens, cost, seconds in calls; and per rollout totals."""
     by_model: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row in conn.execute(
-        "SELECT rollout_id, COALESCE(model, request_model, '?') AS model, upstream, COUNT(*) AS calls, "
-        "COALESCE(SUM(input_tokens), 0) AS input_tokens, COALESCE(SUM(output_tokens), 0) AS output_tokens, "
-        "COALESCE(SUM(cost_usd), 0) AS cost_usd, COALESCE(SUM(latency_s), 0) AS latency_s, "
-        "SUM(error IS NOT NULL OR status_code >= 400) AS errors, SUM(cost_usd IS NULL) AS unpriced_calls "
-        "FROM calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id, model, upstream"
-    ):
-        name = f"{row['upstream']}/{row['model']}"
-        stats = {k: float(row[k] or 0) for k in ("calls", "input_tokens", "output_tokens", "cost_usd", "latency_s",
-                                                  "errors", "unpriced_calls")}
-        by_model[row["rollout_id"]][name] = stats
-        for key, value in stats.items():
-            totals[row["rollout_id"]][key] += value
+    for r in rollouts:
+        for name, used in r["calls"].items():
+            stats = {"calls": used["calls"], "input_tokens": used["input_tokens"],
+                     "output_tokens": used["output_tokens"], "cost_usd": used["priced_usd"],
+                     "latency_s": used["latency_s"], "errors": used["failed_calls"],
+                     "unpriced_calls": used["unpriced_calls"]}
+            by_model[r["id"]][name] = {k: float(v or 0) for k, v in stats.items()}
+            for key, value in by_model[r["id"]][name].items():
+                totals[r["id"]][key] += value
     return by_model, totals
 
 
@@ -110,7 +108,7 @@ def summarise(rollouts: list[dict[str, Any]], by_model: dict, totals: dict, belo
 
 def example(r: dict[str, Any], totals: dict, chars: int) -> dict[str, Any]:
     used = totals.get(r["id"], {})
-    detail = json.loads(r["grader_detail"]) if r["grader_detail"] else None
+    detail = r["grader_detail"] or None
     return {
         "rollout_id": r["id"], "variant": r["variant"], "task_id": r["task_id"], "seed": r["seed"],
         "split": r["split"], "status": r["status"], "reward": r["reward"], "failure": r["failure"],
@@ -124,21 +122,21 @@ def example(r: dict[str, Any], totals: dict, chars: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run = pick_run(args)
-    conn = connect(run)
-    try:
-        rollouts = read_rollouts(conn)
-        by_model, totals = call_breakdown(conn)
-        rollouts = [r for r in rollouts if (args.variant is None or r["variant"] == args.variant)
-                    and (args.split is None or r["split"] == args.split)]
-        failures = [r for r in rollouts
-                    if r["status"] in TERMINAL and (r["reward"] is None or r["reward"] < args.below)]
-        examples = [example(r, totals, args.chars) for r in failures[: max(args.limit, 0)]]
-        if args.replies:
-            for item in examples:
-                item["last_reply"] = clip(last_reply(conn, item["rollout_id"]), args.chars)
-    finally:
-        conn.close()
+    run = agl("runs", pick_run(args), *runs_dir_args(args.runs_dir))
+    by_model, totals = call_breakdown(run["rollouts"])
+    rollouts = [r for r in run["rollouts"] if (args.variant is None or r["variant"] == args.variant)
+                and (args.split is None or r["split"] == args.split)]
+    failures = [r for r in rollouts
+                if r["status"] in TERMINAL and (r["reward"] is None or r["reward"] < args.below)]
+    examples = [example(r, totals, args.chars) for r in failures[: max(args.limit, 0)]]
+    if args.replies and examples:
+        # agl picks the same failures: finished, and no reward or one below --below.
+        picked = [*(["--variant", args.variant] if args.variant else []), *(["--split", args.split] if args.split else [])]
+        shown = agl("transcript", run["run_dir"], "--failing", "--below", str(args.below), "--replies-only",
+                    "--limit", str(len(examples)), *picked)
+        replies = {r["rollout_id"]: r["last_reply"] for r in shown["rollouts"]}
+        for item in examples:
+            item["last_reply"] = clip(replies.get(item["rollout_id"]), args.chars)
     variants: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rollouts:
         variants[r["variant"]].append(r)
@@ -146,18 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     error_lines = Counter(
         (r["error"] or "").strip().splitlines()[-1][:200] for r in failures if (r["error"] or "").strip()
     )
-    meta = manifest(run)
     emit({
-        "run_id": run.name, "run_dir": str(run), "kind": meta.get("kind"), "spec": meta.get("spec_path"),
-        "split": args.split or meta.get("split"), "below": args.below,
+        "run_id": run["run_id"], "run_dir": run["run_dir"], "kind": run["kind"], "spec": run["spec"],
+        "split": args.split or run["split"], "below": args.below,
         "variants": {name: summarise(rs, by_model, totals, args.below) for name, rs in variants.items()},
         "failure_kinds": dict(Counter(r["failure"] or ("low_reward" if r["reward"] is not None else "unknown")
                                       for r in failures)),
         "common_errors": [{"line": line, "count": n} for line, n in error_lines.most_common(5)],
         "failures_total": len(failures),
         "failures": examples,
-        "next": f"read a transcript: agl transcript {run.name} ROLLOUT_ID; every failing rollout's last reply at "
-                f"once: agl transcript {run.name} --failing --replies-only --json",
+        "next": f"read a transcript: agl transcript {run['run_id']} ROLLOUT_ID; every failing rollout's last reply at "
+                f"once: agl transcript {run['run_id']} --failing --replies-only --json",
     })
     return 0
 

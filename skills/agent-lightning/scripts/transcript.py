@@ -8,20 +8,20 @@ which tool call or format broke? Long strings keep their head and tail (--chars)
 Examples:
   transcript.py 3f2a9c1e                    # a rollout id (or unique prefix) of the latest run
   transcript.py 3f2a9c1e --run 20250101-120000-ab12 --chars 4000
-Read only; standard library only. Exit 0 on success, 2 on a usage error.
+Read only; standard library only. It reads the rollout with `agl transcript RUN ROLLOUT --json --raw`, so agl must
+be on PATH. Exit 0 on success, 2 on a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.dont_write_bytecode = True  # no __pycache__ inside an installed skill
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _runs import clip, connect, emit, fail, find_run  # noqa: E402
+from _runs import agl, clip, emit, runs_dir_args  # noqa: E402
 
 REQUEST_KEYS = ("model", "system", "instructions", "messages", "input", "prompt", "tools", "temperature",
                 "reasoning_effort", "reasoning", "max_tokens", "max_output_tokens", "max_completion_tokens")
@@ -46,42 +46,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chars", type=int, default=1500, help="characters kept of each string (default 1500)")
     args = parser.parse_args(argv)
 
-    run = find_run(args.run, args.runs_dir)
-    conn = connect(run)
-    try:
-        rows = conn.execute("SELECT * FROM rollouts WHERE id LIKE ? ORDER BY rowid", (args.rollout + "%",)).fetchall()
-        ids = sorted({r["id"] for r in rows})
-        if len(ids) != 1:
-            fail(f"{args.rollout!r} matches {len(ids)} rollouts in run {run.name}")
-        rollout = dict(rows[-1])
-        calls = [dict(c) for c in conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (ids[0],))]
-    finally:
-        conn.close()
-    rollout["grader_detail"] = json.loads(rollout["grader_detail"]) if rollout["grader_detail"] else None
-    task_file = run / "rollouts" / ids[0] / "task.json"  # the task exactly as the agent received it
-    task = json.loads(task_file.read_text()) if task_file.is_file() else None
+    doc = agl("transcript", args.run, args.rollout, "--raw", *runs_dir_args(args.runs_dir))
+    (found,) = doc["rollouts"]  # agl refuses a prefix that matches no rollout, or several
+    rollout, task = found["rollout"], found["task"]
     turns = []
-    for i, call in enumerate(calls, start=1):
-        request = json.loads(call["request"] or "{}")
-        response = json.loads(call["response"]) if call["response"] else None
+    for i, call in enumerate(found["calls"], start=1):
+        request, response = call["request"] or {}, call["response"]
         turns.append({
             "turn": i, "api": call["api"], "upstream": call["upstream"], "model": call["model"],
             "status_code": call["status_code"], "error": call["error"],
             "input_tokens": call["input_tokens"], "output_tokens": call["output_tokens"],
             "reasoning_tokens": call["reasoning_tokens"], "cost_usd": call["cost_usd"],
-            "latency_s": call["latency_s"], "knobs_applied": json.loads(call["knobs_applied"] or "{}"),
+            "latency_s": call["latency_s"], "knobs_applied": call["knobs_applied"] or {},
             "request": shorten({k: request[k] for k in REQUEST_KEYS if k in request}, args.chars),
             "response": shorten({k: response[k] for k in RESPONSE_KEYS if k in response}, args.chars)
             if isinstance(response, dict) else None,
         })
     emit({
-        "run_id": run.name,
+        "run_id": doc["run_id"],
         "rollout": shorten({k: rollout[k] for k in ("id", "variant", "task_id", "seed", "split", "attempt", "status",
                                                     "reward", "reward_source", "grader_detail", "failure", "error",
                                                     "exit_code", "output", "stderr_tail")}, args.chars),
         "task": shorten(task, args.chars),
-        "duration_s": (rollout["ended_at"] - rollout["started_at"])
-        if rollout["ended_at"] and rollout["started_at"] else None,
+        "duration_s": rollout["duration_s"],
         "calls": turns,
     })
     return 0
