@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from agl_cli.cli_support import handle_errors
+from rl_backend.version import installed_version
 
 if TYPE_CHECKING:
     from agl_cli.evaluation import PlannedRollout
@@ -58,7 +59,7 @@ def _prepare_new(
             "variants": [{"name": v.name, "settings": v.settings, "hash": v.hash} for v in variants],
             "task_ids": [t.id for t in tasks],
             "tasks_hash": task_set_hash(tasks),
-            "agl_version": _version(),
+            "agl_version": installed_version(),
             "agent_version": agent_version(spec),
             "status": "running",
         },
@@ -104,12 +105,6 @@ def _prepare_resume(
         )
     tasks = [by_id[tid] for tid in manifest["task_ids"]]
     return spec, run, variants, make_plan(variants, tasks, int(manifest["seeds"]))
-
-
-def _version() -> str:
-    from agl_cli.version import installed_version
-
-    return installed_version()
 
 
 def execute_eval(

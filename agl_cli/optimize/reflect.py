@@ -38,35 +38,17 @@ from agl_cli.optimize.proposer import (
     check_proposal,
     extract_prompt,
     outcome,
+    reflect_settings,
     render_transcript,
 )
 from agl_cli.optimize.study import PROPOSER_SCOPE, Study
 from agl_cli.paired import ALPHA, BETTER, PairKey, compare
-from agl_cli.spec import ExperimentSpec, ProposerSpec
 from agl_cli.variants import Variant, make_variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 
 PROPOSALS_META = "reflect.proposals"
 PROPOSALS_DIR = "proposals"
-PROPOSER_HINT = """add a proposer to agl.yaml (its model is upstream/model, the upstream declared under upstreams:):
-  proposer:
-    model: openai/gpt-4.1-mini   # or claude/claude-haiku-4-5, local/smollm2-135m-instruct
-    rounds: 8                    # proposals to request
-    knob: system_prompt          # the file-valued knob to rewrite (default: the only one)"""
-
-
-def reflect_settings(spec: ExperimentSpec) -> tuple[ProposerSpec, str]:
-    """The proposer and the knob it rewrites; a usage error when the spec has no proposer."""
-    if spec.proposer is None:
-        raise UsageError("--strategy reflect needs an LLM to propose prompts: the spec has no `proposer:` section",
-                         hint=PROPOSER_HINT)
-    try:
-        return spec.proposer, spec.proposer_knob()
-    except ValueError as exc:
-        raise UsageError(f"`proposer.knob`: {exc}") from None
-
-
 @dataclass
 class Proposal:
     """One round, as recorded in the store; `file` is None when the reply gave nothing worth running."""
