@@ -33,6 +33,7 @@ from rl_backend.store.db import RunStore
 
 if TYPE_CHECKING:
     from rl_backend.trainer.interfaces import PolicyTrainer, WeightSink
+    from rl_backend.trainer.loop import LoopConfig
 
 TRAINED_DIR = "trained-model"
 
@@ -104,6 +105,14 @@ def training_batch(tasks: list[Task], variant: Variant, iteration: int, options:
 def _latest_ids(store: RunStore, plan: list[PlannedRollout]) -> list[str]:
     wanted = {item.key for item in plan}
     return [r.id for r in store.rollouts(latest_only=True) if r.key in wanted]
+
+
+def loop_config(spec: ExperimentSpec, options: TrainOptions, *, iterations: int, checkpoints: Path) -> LoopConfig:
+    """The training loop's settings: the run's options, and what counts as a pass from agl.yaml, as everywhere."""
+    from rl_backend.trainer.loop import LoopConfig
+
+    return LoopConfig(iterations=iterations, checkpoint_dir=checkpoints, keep_checkpoints=options.keep_checkpoints,
+                      pass_threshold=spec.pass_threshold)
 
 
 def run_plan(runner: EvalRunner, plan: list[PlannedRollout]) -> None:
@@ -205,7 +214,7 @@ class TrainingRun:
                on_step: Callable[[Any], None], before: Variant, during: Variant, checkpoints: Path) -> Variant:
         """Held-out before, the training loop, held-out after; returns the after variant."""
         from rl_backend.trainer.curves import read_curve
-        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, restore_missing_step
+        from rl_backend.trainer.loop import TrainingLoop, restore_missing_step
 
         evaluator = self._runner(stack, store, overrides=None)
         self.log(f"held-out {self.options.heldout_split} split before training: {len(self.heldout)} tasks")
@@ -214,11 +223,9 @@ class TrainingRun:
         done = len(read_curve(store))
         sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
         batches = TrainingBatches(sampler, self.train_tasks, during, self.options, first_iteration=done)
-        loop = TrainingLoop(
-            store, trainer, batches, engine=engine, on_step=on_step,
-            config=LoopConfig(iterations=max(0, self.options.steps - done), checkpoint_dir=checkpoints,
-                              keep_checkpoints=self.options.keep_checkpoints),
-        )
+        loop = TrainingLoop(store, trainer, batches, engine=engine, on_step=on_step,
+                            config=loop_config(self.spec, self.options, iterations=max(0, self.options.steps - done),
+                                               checkpoints=checkpoints))
         if self.options.loop == "collocated-async":
             from agl_cli.train_async import train_collocated_async
 

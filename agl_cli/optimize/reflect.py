@@ -29,8 +29,9 @@ from typing import Any
 from rich.console import Console
 
 from agl_cli.errors import UsageError
+from agl_cli.metrics.fmt import points
+from agl_cli.metrics.run import latest_by_variant, scores_of
 from agl_cli.optimize.execute import Executor
-from agl_cli.optimize.objectives import latest_by_variant, scores_of
 from agl_cli.optimize.pareto import Front, choose_parent, pareto_front, task_means
 from agl_cli.optimize.proposer import (
     ProposerClient,
@@ -92,10 +93,6 @@ class ReflectResult:
     survivors: list[str]
     stopped_for_budget: bool
     doc: dict[str, Any] = field(default_factory=dict)
-
-
-def _points(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:+.1f} points"
 
 
 class ReflectSearch:
@@ -306,8 +303,7 @@ class ReflectSearch:
     def _announce(self, record: Proposal) -> None:
         head = f"proposal {record.n} (parent {record.parent})"
         if record.verdict is not None:
-            ci = f" [{100 * record.ci95[0]:+.1f}, {100 * record.ci95[1]:+.1f}]" if record.ci95 else ""
-            body = (f"{record.variant}: {record.verdict} vs parent, {_points(record.difference)}{ci}, "
+            body = (f"{record.variant}: {record.verdict} vs parent, {points(record.difference, record.ci95)}, "
                     f"p={record.p_value:.3g}, n={record.n_tasks}")
         elif record.screen is not None:
             body = f"{record.variant}: {record.reason}"

@@ -14,6 +14,7 @@ from typing import Any
 
 from agl_cli.errors import UsageError
 from agl_cli.evaluation import EvalRunner, PlannedRollout
+from agl_cli.metrics.fmt import usd
 from agl_cli.optimize.cache import agent_version, imported_ids
 from agl_cli.optimize.space import (
     CandidateFile,
@@ -245,11 +246,11 @@ class Ledger:
         return not (self.max_usd is not None and self.spent_usd + self.reserve_usd >= self.max_usd)
 
     def describe(self) -> str:
-        usd = f"${self.spent_usd:.4f}" + (f" of ${self.max_usd:g}" if self.max_usd is not None else "")
+        spent = usd(self.spent_usd) + (f" of ${self.max_usd:g}" if self.max_usd is not None else "")
         if self.unpriced_calls:
-            usd += f" (+ {self.unpriced_calls} calls without a price)"
-        count = f"{self.launched}" + (f" of {self.max_rollouts}" if self.max_rollouts is not None else "")
-        return f"spent {usd}, {count} rollouts"
+            spent += f" (+ {self.unpriced_calls} calls without a price)"
+        launched = f"{self.launched}" + (f" of {self.max_rollouts}" if self.max_rollouts is not None else "")
+        return f"spent {spent}, {launched} rollouts"
 
     def as_dict(self) -> dict[str, Any]:
         return {"rollouts": self.launched, "usd": None if self.unpriced_calls else self.spent_usd,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_backend.rewards import DEFAULT_PASS_THRESHOLD, passed
 from rl_backend.store.records import Rollout
 from rl_backend.trainer.advantage import Singletons, grpo_advantages
 from rl_backend.trainer.batch import make_batch
@@ -45,7 +46,7 @@ class LoopConfig:
     iterations: int = 10
     checkpoint_dir: Path | None = None
     keep_checkpoints: int = 2
-    pass_threshold: float = 1.0  # a rollout passes when its reward is at least this
+    pass_threshold: float = DEFAULT_PASS_THRESHOLD  # agl.yaml's: a rollout passes at a reward of at least this
     merge: MergeMode = "previous"
     norm_by_std: bool = True
     singletons: Singletons = "zero"
@@ -210,7 +211,7 @@ class TrainingLoop:
             rollouts=len(rollout_ids),
             trained_rollouts=batch.totals.n_rollouts,
             reward_mean=sum(rewards) / len(rewards) if rewards else None,
-            pass_rate=sum(r >= cfg.pass_threshold for r in rewards) / len(rewards) if rewards else None,
+            pass_rate=sum(passed(r, cfg.pass_threshold) for r in rewards) / len(rewards) if rewards else None,
             entropy=train.get("entropy"),
             kl=train.get("kl"),  # to the reference; None without one (ppo_kl, sampling vs new policy, is in metrics)
             loss=train.get("loss"),
