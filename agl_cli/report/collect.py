@@ -49,7 +49,7 @@ class Section:
         return next((r for r in self.rows if r.name == name), None)
 
     def role_of(self, name: str) -> str:
-        """"baseline", "winner" or ""."""
+        """The variant's part in the verdict: baseline, winner, or "" for neither."""
         return self.roles.get(name, "")
 
 
