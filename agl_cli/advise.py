@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_cli.advise_evidence import Evidence, RolloutRow
-from agl_cli.metrics.fmt import pct, points
+from agl_cli.metrics.fmt import pct, points, usd
 from agl_cli.spec import ExperimentSpec
 from rl_backend.rewards import passed
 
@@ -206,7 +206,7 @@ def _described(attempt: dict[str, Any]) -> str:
     if not attempt["accepted"]:
         return f"reverted ({attempt['source']})"
     against = (f" vs {attempt['baseline_run']}:{attempt['baseline_variant']}" if attempt.get("baseline_run") else "")
-    return f"{100 * attempt['gain']:+.1f} kept ({attempt['source']}{against})"
+    return f"{points(attempt['gain'])} kept ({attempt['source']}{against})"
 
 
 def plateau(ev: Evidence) -> Criterion:
@@ -382,26 +382,26 @@ def projection(spec: ExperimentSpec, ev: Evidence, n_train: int) -> Criterion:
     cost = sum(u.cost_usd for u in use.values())
     unpriced = sum(u.unpriced_calls for u in use.values())
     rollouts = n_train * ROLLOUTS_PER_TASK * TRAIN_EPOCHS
-    usd = None if unpriced else round(cost / len(timed) * rollouts, 4)
+    projected = None if unpriced else round(cost / len(timed) * rollouts, 4)
     value: dict[str, Any] = {
         "rollouts": rollouts, "rollouts_per_min": round(per_min, 2),
         "tokens_per_s": round(out_tokens / latency, 1) if latency > 0 else None,
         "hours": round(rollouts / per_min / 60.0, 2),
-        "usd": usd,
+        "usd": projected,
     }
-    money = (f"an unknown cost ({unpriced} calls without a price; declare them under `prices:`)" if usd is None
-             else f"${usd}")
+    money = (f"an unknown cost ({unpriced} calls without a price; declare them under `prices:`)" if projected is None
+             else usd(projected))
     detail = (f"{rollouts} rollouts ({n_train} train tasks x {ROLLOUTS_PER_TASK} x {TRAIN_EPOCHS} epoch) at "
               f"{per_min:.1f} rollouts/min: about {value['hours']} h of rollouts plus the updates, {money}")
     over = []
     if budget.rollouts is not None and rollouts > budget.rollouts:
         over.append(f"{rollouts} rollouts > {budget.rollouts}")
-    if budget.usd is not None and usd is not None and usd > budget.usd:
-        over.append(f"${usd} > ${budget.usd}")
+    if budget.usd is not None and projected is not None and projected > budget.usd:
+        over.append(f"{usd(projected)} > ${budget.usd:g}")
     if over:
         return Criterion("projection", title, FAIL, value, threshold, detail + "; over budget: " + ", ".join(over),
                          "raise the budget in agl.yaml, or train on fewer tasks")
-    if usd is None and budget.usd is not None:
+    if projected is None and budget.usd is not None:
         return Criterion("projection", title, UNKNOWN, value, threshold, detail,
                          "declare the price of every model under `prices:` in agl.yaml so the cost can be projected")
     return Criterion("projection", title, PASS, value, threshold, detail)

@@ -305,7 +305,7 @@ def test_gains_against_different_baselines_are_not_added_up(ready: Path) -> None
     criterion = _plateau(ready)
     assert criterion["status"] == "fail" and criterion["value"] == pytest.approx(0.40)
     assert "+40.0 points" in criterion["detail"] and "43.3" not in criterion["detail"]
-    assert f"+30.0 kept (journal: attempt 0 vs {R1}:baseline)" in criterion["detail"]
+    assert f"+30.0 points kept (journal: attempt 0 vs {R1}:baseline)" in criterion["detail"]
 
 
 def test_small_gains_along_a_chain_add_up_and_off_it_do_not(ready: Path) -> None:

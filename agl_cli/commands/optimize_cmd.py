@@ -37,13 +37,13 @@ def _print_projection(out: Console, doc: dict[str, Any]) -> None:
     if per["source"] == "none":
         out.print("no per-rollout cost or time known (no history for this agent version, and --pilot 0)")
     else:
-        cost = "cost unknown (calls without a price)" if per["cost_usd"] is None else f"${per['cost_usd']:.5f}"
-        out.print(f"per rollout (from {per['source']}, n={per['n']}): {cost}, "
-                  f"{per['input_tokens']:.0f} in / {per['output_tokens']:.0f} out tokens, {per['duration_s']:.1f}s")
+        cost = "cost unknown (calls without a price)" if per["cost_usd"] is None else usd(per["cost_usd"])
+        out.print(f"per rollout (from {per['source']}, n={per['n']}): {cost}, {per['input_tokens']:.0f} in / "
+                  f"{per['output_tokens']:.0f} out tokens, {seconds(per['duration_s'], digits=1)}")
     for name, entry in doc["projected"].items():
         line = f"  {name.replace('_', ' ')}: {entry['rollouts']} rollouts ({entry['to_run']} to run)"
         if "cost_usd" in entry:
-            cost = "cost unknown" if entry["cost_usd"] is None else f"${entry['cost_usd']:.4f}"
+            cost = "cost unknown" if entry["cost_usd"] is None else usd(entry["cost_usd"])
             line += (f", {cost}, {entry['input_tokens'] + entry['output_tokens']:,} tokens, "
                      f"about {entry['time_s'] / 60:.1f} min at concurrency {doc['concurrency']}")
         out.print(line, markup=False)

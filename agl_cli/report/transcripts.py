@@ -207,7 +207,7 @@ def transcript(rollout: Rollout, calls: list[CallRecord], anchor: str) -> Transc
         ("attempt", str(rollout.attempt)), ("status", rollout.status.value),
         ("reward", f"{reward} ({rollout.reward_source.value})"),
         ("failure", rollout.failure.value if rollout.failure else "—"),
-        ("duration", "—" if duration is None else f"{duration:.2f}s"), ("model calls", str(len(calls))),
+        ("duration", seconds(duration)), ("model calls", str(len(calls))),
     ]
     grader = _json(scrub(rollout.grader_detail)) if rollout.grader_detail else None
     return Transcript(
