@@ -15,8 +15,8 @@ Criteria, in the order a team usually satisfies them:
   of kept baselines (each attempt measured against what the one before it kept); an attempt measured against an
   older baseline starts a new chain, and the largest chain counts. Fewer attempts than that is "unknown".
 - headroom: pass@k exceeds pass@1 by HEADROOM_MIN_GAP on tasks sampled several times (by the open-weight model
-  when it has such samples): the model can sometimes solve what it usually fails, which is what reinforcement
-  learning sharpens.
+  when it has such samples; a sample passes at the spec's `pass_threshold`): the model can sometimes solve what it
+  usually fails, which is what reinforcement learning sharpens.
 - train_tasks: enough distinct tasks in the `train` split, none duplicating a val or test task.
 - compute: a Kubernetes context, or a GPU (nvidia-smi, else torch.cuda in a subprocess); CPU only is a warning for
   a small model (<= CPU_MAX_PARAMS_B billion parameters) and a failure otherwise.
@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from agl_cli.advise_evidence import Evidence, RolloutRow
-from agl_cli.optimize.objectives import PASS_THRESHOLD
+from agl_cli.metrics.fmt import pct, points, usd
 from agl_cli.spec import ExperimentSpec
+from rl_backend.rewards import passed
 
 MIN_OPEN_ROLLOUTS = 10
 MIN_REWARD_COVERAGE = 0.95
@@ -72,10 +73,6 @@ class Criterion:
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "title": self.title, "status": self.status, "value": self.value,
                 "threshold": self.threshold, "detail": self.detail, "hint": self.hint}
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
 
 
 def _open_upstreams(spec: ExperimentSpec) -> dict[str, str]:
@@ -124,14 +121,14 @@ def open_weight_model(spec: ExperimentSpec, ev: Evidence) -> Criterion:
                          "knob) pointing at it")
     if calls and ids < calls:
         return Criterion("open_weight_model", title, WARN, len(served), threshold,
-                         detail + f"; only {_pct(ids / calls)} of its calls carry token ids, which training needs",
+                         detail + f"; only {pct(ids / calls, digits=0)} of its calls carry token ids, which training needs",
                          "serve the model with vLLM or the embedded server, which return token ids")
     return Criterion("open_weight_model", title, PASS, len(served), threshold, detail)
 
 
 def verifiable_reward(spec: ExperimentSpec, ev: Evidence) -> Criterion:
     title = "a verifiable reward"
-    threshold = f"grader command or entry; >= {_pct(MIN_REWARD_COVERAGE)} of finished rollouts scored"
+    threshold = f"grader command or entry; >= {pct(MIN_REWARD_COVERAGE, digits=0)} of finished rollouts scored"
     if spec.grader.reported:
         return Criterion("verifiable_reward", title, FAIL, "reported", threshold,
                          "the agent reports its own reward (grader.reported)",
@@ -143,7 +140,7 @@ def verifiable_reward(spec: ExperimentSpec, ev: Evidence) -> Criterion:
         return Criterion("verifiable_reward", title, UNKNOWN, None, threshold,
                          f"grader {form}; no finished rollouts yet", "run `agl eval` once to measure the grader")
     coverage = sum(1 for r in finished if r.reward is not None) / len(finished)
-    detail = f"grader {form}; {_pct(coverage)} of {len(finished)} finished rollouts scored"
+    detail = f"grader {form}; {pct(coverage, digits=0)} of {len(finished)} finished rollouts scored"
     if coverage < MIN_REWARD_COVERAGE:
         return Criterion("verifiable_reward", title, FAIL, round(coverage, 4), threshold, detail,
                          "fix what leaves rollouts unscored first (the failures script lists the reasons)")
@@ -209,7 +206,7 @@ def _described(attempt: dict[str, Any]) -> str:
     if not attempt["accepted"]:
         return f"reverted ({attempt['source']})"
     against = (f" vs {attempt['baseline_run']}:{attempt['baseline_variant']}" if attempt.get("baseline_run") else "")
-    return f"{100 * attempt['gain']:+.1f} kept ({attempt['source']}{against})"
+    return f"{points(attempt['gain'])} kept ({attempt['source']}{against})"
 
 
 def plateau(ev: Evidence) -> Criterion:
@@ -225,7 +222,7 @@ def plateau(ev: Evidence) -> Criterion:
     last = attempts[-PLATEAU_WINDOW:]
     gain = chain_gain(last)
     detail = (f"last {PLATEAU_WINDOW}: " + "; ".join(_described(a) for a in last)
-              + f"; along the chain of kept baselines {100 * gain:+.1f} points ({len(attempts)} attempts recorded)")
+              + f"; along the chain of kept baselines {points(gain)} ({len(attempts)} attempts recorded)")
     if gain >= PLATEAU_MIN_GAIN:
         return Criterion("plateau", title, FAIL, round(gain, 4), threshold, detail,
                          "prompt-level changes still pay: keep going before training")
@@ -263,12 +260,13 @@ def headroom(spec: ExperimentSpec, ev: Evidence) -> Criterion:
         return Criterion("headroom", title, UNKNOWN, None, threshold,
                          f"{len(samples)} task(s) sampled more than once", hint)
     k = min(HEADROOM_MAX_K, min(len(s) for s in samples))
-    successes = [(len(s), sum(1 for x in s if x >= PASS_THRESHOLD)) for s in samples]
+    successes = [(len(s), sum(1 for x in s if passed(x, spec.pass_threshold))) for s in samples]
     p1 = sum(c / n for n, c in successes) / len(successes)
     pk = sum(_pass_at(n, c, k) for n, c in successes) / len(successes)
     gap = pk - p1
     value = {"k": k, "pass_at_1": round(p1, 4), "pass_at_k": round(pk, 4), "tasks": len(samples)}
-    detail = f"pass@1 {_pct(p1)}, pass@{k} {_pct(pk)} over {len(samples)} tasks" + ("" if own else " (any model)")
+    detail = (f"pass@1 {pct(p1, digits=0)}, pass@{k} {pct(pk, digits=0)} over {len(samples)} tasks"
+              + ("" if own else " (any model)"))
     if p1 >= MAX_PASS_AT_1:
         return Criterion("headroom", title, FAIL, value, threshold, detail + ": little left to learn",
                          "harder tasks would show what training could add")
@@ -384,26 +382,26 @@ def projection(spec: ExperimentSpec, ev: Evidence, n_train: int) -> Criterion:
     cost = sum(u.cost_usd for u in use.values())
     unpriced = sum(u.unpriced_calls for u in use.values())
     rollouts = n_train * ROLLOUTS_PER_TASK * TRAIN_EPOCHS
-    usd = None if unpriced else round(cost / len(timed) * rollouts, 4)
+    projected = None if unpriced else round(cost / len(timed) * rollouts, 4)
     value: dict[str, Any] = {
         "rollouts": rollouts, "rollouts_per_min": round(per_min, 2),
         "tokens_per_s": round(out_tokens / latency, 1) if latency > 0 else None,
         "hours": round(rollouts / per_min / 60.0, 2),
-        "usd": usd,
+        "usd": projected,
     }
-    money = (f"an unknown cost ({unpriced} calls without a price; declare them under `prices:`)" if usd is None
-             else f"${usd}")
+    money = (f"an unknown cost ({unpriced} calls without a price; declare them under `prices:`)" if projected is None
+             else usd(projected))
     detail = (f"{rollouts} rollouts ({n_train} train tasks x {ROLLOUTS_PER_TASK} x {TRAIN_EPOCHS} epoch) at "
               f"{per_min:.1f} rollouts/min: about {value['hours']} h of rollouts plus the updates, {money}")
     over = []
     if budget.rollouts is not None and rollouts > budget.rollouts:
         over.append(f"{rollouts} rollouts > {budget.rollouts}")
-    if budget.usd is not None and usd is not None and usd > budget.usd:
-        over.append(f"${usd} > ${budget.usd}")
+    if budget.usd is not None and projected is not None and projected > budget.usd:
+        over.append(f"{usd(projected)} > ${budget.usd:g}")
     if over:
         return Criterion("projection", title, FAIL, value, threshold, detail + "; over budget: " + ", ".join(over),
                          "raise the budget in agl.yaml, or train on fewer tasks")
-    if usd is None and budget.usd is not None:
+    if projected is None and budget.usd is not None:
         return Criterion("projection", title, UNKNOWN, value, threshold, detail,
                          "declare the price of every model under `prices:` in agl.yaml so the cost can be projected")
     return Criterion("projection", title, PASS, value, threshold, detail)

@@ -1,13 +1,13 @@
-"""Costs as summaries, reports, compare and optimize show them. A call without a price has an unknown cost, so a
+"""Costs as summaries, reports, compare and optimize use them. A call without a price has an unknown cost, so a
 rollout, a variant or a paired difference that includes one is unknown too: shown as "—" with the count of unpriced
-calls, left out of cost intervals, Pareto fronts and verdicts on cost, never added up as $0."""
+calls (agl_cli.metrics.fmt.usd), left out of cost intervals, Pareto fronts and verdicts on cost, never added up as $0."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agl_cli.metrics.fmt import unpriced_text
 from agl_cli.paired import PairKey, difference
 from rl_backend.store.records import CallTotals, Rollout
 
@@ -28,19 +28,6 @@ def rollout_costs(rollouts: Iterable[Rollout], totals: Mapping[str, CallTotals])
             return None
         costs.append(cost)
     return costs
-
-
-def unpriced_text(calls: int) -> str:
-    return f"{calls} unpriced call" + ("" if calls == 1 else "s")
-
-
-def usd_text(value: float | None, unpriced_calls: int = 0) -> str:
-    """`$0.0123` (a small cost keeps two significant digits: `$0.0000062`, never a `$0.0000` that reads as free), or
-    `— (3 unpriced calls)` when the cost is unknown."""
-    if value is None or unpriced_calls:
-        return "—" + (f" ({unpriced_text(unpriced_calls)})" if unpriced_calls else "")
-    digits = 4 if value == 0 or abs(value) >= 0.001 else 1 - math.floor(math.log10(abs(value)))
-    return f"${value:.{digits}f}"
 
 
 def paired_cost(base: list[Rollout], candidate: list[Rollout], base_totals: Mapping[str, CallTotals],

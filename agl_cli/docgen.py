@@ -53,6 +53,7 @@ knobs:
   max_turns: {values: [4, 8], via: env, name: AGENT_MAX_TURNS}
   prompt_file: {files: [prompts/a.md, prompts/b.md], via: file, path: "{rollout_dir}/prompt.md"}
 seeds: 1
+pass_threshold: 0.5                     # a reward of at least this passes
 concurrency: 4
 budget: {usd: 5.0, rollouts: 2000}
 runner: local

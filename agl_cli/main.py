@@ -37,7 +37,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from agl_cli.version import installed_version
+        from rl_backend.version import installed_version
 
         typer.echo(f"agl {installed_version()}")
         raise typer.Exit()

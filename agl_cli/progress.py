@@ -8,6 +8,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from agl_cli.metrics.fmt import seconds
 from rl_backend.store.records import Rollout
 
 
@@ -62,7 +63,7 @@ class RolloutProgress:
             if source_run is not None:
                 how = f"reused from run {source_run}, not run again"
             else:
-                how = f"{rollout.duration_s:.1f}s" if rollout.duration_s is not None else "?"
+                how = seconds(rollout.duration_s, digits=1)
             self.console.print(
                 f"[{self.done}/{self.total}] {rollout.variant} {rollout.task_id} seed {rollout.seed}: "
                 f"{outcome} ({how})",

@@ -78,10 +78,10 @@ class RunSpend:
         """'12 rollouts reused from run X' (or from several runs), or None when nothing was reused."""
         if not self.reused:
             return None
-        from agl_cli.costs import usd_text
+        from agl_cli.metrics.fmt import plural, usd
 
-        return (f"{self.reused} rollout{'s' if self.reused != 1 else ''} reused from {_runs_phrase(self.reused_from)}: "
-                f"not run again, and their {usd_text(self.reused_usd)} not spent again")
+        return (f"{plural(self.reused, 'rollout')} reused from {_runs_phrase(self.reused_from)}: "
+                f"not run again, and their {usd(self.reused_usd)} not spent again")
 
 
 def run_spend(store: RunStore) -> RunSpend:

@@ -14,6 +14,7 @@ from agl_cli.env_values import expand as expand_env
 from agl_cli.errors import ConfigError
 from agl_cli.yaml_source import YamlDocument
 from rl_backend.gateway.config import PriceSpec, UpstreamSpec
+from rl_backend.rewards import DEFAULT_PASS_THRESHOLD
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 
 AGENT_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "rollout_id", "python"}
@@ -243,6 +244,11 @@ class ExperimentSpec(_Strict):
     )
     knobs: dict[str, KnobSpec] = Field(default_factory=dict, description="the settings to compare, by knob name")
     seeds: int = Field(default=1, ge=1, description="runs per task (more seeds measure reliability, pass^k)")
+    pass_threshold: float = Field(
+        default=DEFAULT_PASS_THRESHOLD, allow_inf_nan=False,
+        description="a rollout passes when its reward is at least this: what pass^k, pass@k, training's pass rate and "
+        "the reports' count of wrong answers count (accuracy is the mean reward, whatever this says)",
+    )
     concurrency: int = Field(default=4, ge=1, le=1024, description="rollouts at once")
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="hard ceilings")
     runner: Literal["local", "kubernetes"] = Field(

@@ -29,7 +29,7 @@ from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
-from rl_backend.trainer.async_loop import RolloutGroup
+from rl_backend.trainer.interfaces import RolloutGroup
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class _Group:
 
 
 class AsyncRollouts:
-    """A RolloutSource (async_loop.py) over an EvalRunner; see the module docstring."""
+    """A RolloutSource (rl_backend.trainer.interfaces) over an EvalRunner; see the module docstring."""
 
     def __init__(self, runner: EvalRunner, tasks: list[Task], variant: Variant, *, group_size: int,
                  concurrency: int, groups_per_step: int, first_group: int = 0) -> None:
@@ -175,7 +175,7 @@ class AsyncRollouts:
 
 
 class GatewayGate:
-    """A Gate (async_loop.py) over the in-process gateway."""
+    """A Gate (rl_backend.trainer.interfaces) over the in-process gateway."""
 
     def __init__(self, gateway: Any, *, hold_s: float = 600.0, drain_timeout_s: float = 120.0) -> None:
         self.gateway, self.hold_s, self.drain_timeout_s = gateway, hold_s, drain_timeout_s

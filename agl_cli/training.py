@@ -5,6 +5,10 @@ gateway as `agl eval` (sampling at the training temperature), builds trajectorie
 updates the policy (rl_backend.trainer), and swaps the new weights into the embedded server before the next batch
 (the `sync` loop). Before the first and after the last update, the held-out split is evaluated with the agent's
 own settings, so the run ends with a paired before/after comparison.
+
+`TrainingRun` owns the whole job (services, held-out evaluations, export); the trainer it starts (rl_backend's
+TorchTrainer, or verl's in verl_training.py) makes each update. The loop gets its rollouts from `TrainingBatches`,
+agl's side of the loop's `BatchRollouts` interface.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl_cli.controllers import make_controller, run_then_close
 from agl_cli.errors import ConfigError
@@ -26,6 +30,10 @@ from agl_cli.stack import Stack, running_stack
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant, baseline
 from rl_backend.store.db import RunStore
+
+if TYPE_CHECKING:
+    from rl_backend.trainer.interfaces import PolicyTrainer, WeightSink
+    from rl_backend.trainer.loop import LoopConfig
 
 TRAINED_DIR = "trained-model"
 
@@ -99,7 +107,37 @@ def _latest_ids(store: RunStore, plan: list[PlannedRollout]) -> list[str]:
     return [r.id for r in store.rollouts(latest_only=True) if r.key in wanted]
 
 
-class Trainer:
+def loop_config(spec: ExperimentSpec, options: TrainOptions, *, iterations: int, checkpoints: Path) -> LoopConfig:
+    """The training loop's settings: the run's options, and what counts as a pass from agl.yaml, as everywhere."""
+    from rl_backend.trainer.loop import LoopConfig
+
+    return LoopConfig(iterations=iterations, checkpoint_dir=checkpoints, keep_checkpoints=options.keep_checkpoints,
+                      pass_threshold=spec.pass_threshold)
+
+
+def run_plan(runner: EvalRunner, plan: list[PlannedRollout]) -> None:
+    """Every rollout of `plan` through the eval runner, to the end."""
+    asyncio.run(run_then_close(runner.controller, lambda: runner.run(plan)))
+
+
+@dataclass
+class TrainingBatches:
+    """The sync loop's rollouts (rl_backend.trainer.interfaces.BatchRollouts): iteration i runs `training_batch` of
+    the tasks through the unchanged agent, numbered on from `first_iteration` (the iterations a resumed run did)."""
+
+    runner: EvalRunner
+    tasks: list[Task]
+    variant: Variant
+    options: TrainOptions
+    first_iteration: int = 0
+
+    def __call__(self, iteration: int) -> list[str]:
+        plan = training_batch(self.tasks, self.variant, self.first_iteration + iteration, self.options)
+        run_plan(self.runner, plan)
+        return _latest_ids(self.runner.store, plan)
+
+
+class TrainingRun:
     """Owns one `agl train` run: the services, the trainer, the loop, the before/after evaluation."""
 
     def __init__(self, spec: ExperimentSpec, run: RunDir, options: TrainOptions, train_tasks: list[Task],
@@ -112,7 +150,7 @@ class Trainer:
     # The model being trained is served by the trainer itself (verl's rollout servers), not loaded by the stack.
     policy_served_by_trainer = False
 
-    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[Any, Any]:
+    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         """(the trainer, where its new weights go): here the torch trainer and the embedded server's engine."""
         from rl_backend.serving.model_store import resolve_model_dir
         from rl_backend.trainer.loop import latest_checkpoint
@@ -148,9 +186,6 @@ class Trainer:
         shutil.copytree(final / "model", trained_dir)
         return {"model": str(trained_dir)}
 
-    def _evaluate(self, runner: EvalRunner, plan: list[PlannedRollout]) -> None:
-        asyncio.run(run_then_close(runner.controller, lambda: runner.run(plan)))
-
     def run(self, on_step: Callable[[Any], None]) -> dict[str, Any]:
         from rl_backend.trainer.curves import read_curve
         from rl_backend.trainer.loop import latest_checkpoint
@@ -175,29 +210,22 @@ class Trainer:
         return {"curve": [c.to_json() for c in curve], "trained_model": exported.get("model"),
                 "trained_adapter": exported.get("adapter"), "after_variant": after.name}
 
-    def _train(self, stack: Stack, store: RunStore, trainer: Any, engine: Any, on_step: Callable[[Any], None],
-               before: Variant, during: Variant, checkpoints: Path) -> Variant:
+    def _train(self, stack: Stack, store: RunStore, trainer: PolicyTrainer, engine: WeightSink,
+               on_step: Callable[[Any], None], before: Variant, during: Variant, checkpoints: Path) -> Variant:
         """Held-out before, the training loop, held-out after; returns the after variant."""
         from rl_backend.trainer.curves import read_curve
-        from rl_backend.trainer.loop import LoopConfig, TrainingLoop, restore_missing_step
+        from rl_backend.trainer.loop import TrainingLoop, restore_missing_step
 
         evaluator = self._runner(stack, store, overrides=None)
         self.log(f"held-out {self.options.heldout_split} split before training: {len(self.heldout)} tasks")
-        self._evaluate(evaluator, make_plan([before], self.heldout, 1))
+        run_plan(evaluator, make_plan([before], self.heldout, 1))
         restore_missing_step(store, checkpoints)  # killed between a checkpoint and its row
         done = len(read_curve(store))
         sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
-
-        def run_batch(i: int) -> list[str]:
-            plan = training_batch(self.train_tasks, during, done + i, self.options)
-            self._evaluate(sampler, plan)
-            return _latest_ids(store, plan)
-
-        loop = TrainingLoop(
-            store, trainer, run_batch, engine=engine, on_step=on_step,
-            config=LoopConfig(iterations=max(0, self.options.steps - done), checkpoint_dir=checkpoints,
-                              keep_checkpoints=self.options.keep_checkpoints),
-        )
+        batches = TrainingBatches(sampler, self.train_tasks, during, self.options, first_iteration=done)
+        loop = TrainingLoop(store, trainer, batches, engine=engine, on_step=on_step,
+                            config=loop_config(self.spec, self.options, iterations=max(0, self.options.steps - done),
+                                               checkpoints=checkpoints))
         if self.options.loop == "collocated-async":
             from agl_cli.train_async import train_collocated_async
 
@@ -212,7 +240,7 @@ class Trainer:
         after = after_variant(self.spec, trainer.step)
         store.upsert_variant(after.name, after.hash, after.settings)
         self.log(f"held-out {self.options.heldout_split} split after training ({after.name})")
-        self._evaluate(evaluator, make_plan([after], self.heldout, 1))
+        run_plan(evaluator, make_plan([after], self.heldout, 1))
         return after
 
     def _runner(self, stack: Stack, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl_cli.errors import ConfigError
 from agl_cli.rundir import RunDir
 from agl_cli.spec import ExperimentSpec
 from agl_cli.stack import Stack
-from agl_cli.training import Trainer, TrainOptions, trained_upstream
+from agl_cli.training import TrainingRun, TrainOptions, trained_upstream
+
+if TYPE_CHECKING:
+    from rl_backend.trainer.interfaces import PolicyTrainer, WeightSink
 
 TRAINED_ADAPTER_DIR = "trained-adapter"
 
@@ -73,7 +76,7 @@ def newest_verl_run(spec_path: Path, runs_dir: Path | None) -> RunDir | None:
     return runs[-1].run if runs else None
 
 
-class VerlTraining(Trainer):
+class VerlTrainingRun(TrainingRun):
     """A training run whose trainer is verl's (see the module docstring)."""
 
     policy_served_by_trainer = True
@@ -83,7 +86,7 @@ class VerlTraining(Trainer):
         self.verl_config, self.settings = verl_config, settings
         self._verl: Any = None
 
-    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[Any, Any]:
+    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         from rl_backend.trainer.loop import latest_checkpoint
         from rl_backend.trainer.verl_backend.trainer import VerlLaunchError, VerlTrainer, VerlWeightSink
 

@@ -25,6 +25,8 @@ from rl_backend.gateway.fake.harness import UPSTREAM_KEY, Harness
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
+AGL = [sys.executable, "-m", "agl_cli"]  # `agl` as a subprocess of the interpreter running the tests
+GATEWAY_SERVE = [*AGL, "gateway", "serve"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,7 +58,7 @@ def agl_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def run_agl(args: list[str], cwd: Path, *, env: dict[str, str] | None = None, timeout: float = 600,
             check: bool = False) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "agl_cli", *args], cwd=cwd, env=agl_env(env), capture_output=True, text=True,
+        [*AGL, *args], cwd=cwd, env=agl_env(env), capture_output=True, text=True,
         timeout=timeout,
     )
     if check and result.returncode != 0:

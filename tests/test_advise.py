@@ -133,6 +133,20 @@ def test_ready_agent_gets_train(ready: Path) -> None:
     assert doc["next_steps"] == []
 
 
+def test_headroom_counts_a_pass_at_the_specs_threshold(ready: Path) -> None:
+    """A sample passes at agl.yaml's `pass_threshold`, as in optimize, reports and training: ten more tasks whose
+    best sample scored 0.6 were solved once in four at the default 0.5, and never at 0.7."""
+    add_run(ready.parent / ".agl" / "runs", ready, created_at=1200.0,
+            rewards={f"p{i}": [0.6, 0.0, 0.0, 0.0] for i in range(10)})
+
+    def pass_at_1() -> float:
+        return float(next(c for c in advise_json(str(ready))["criteria"] if c["id"] == "headroom")["value"]["pass_at_1"])
+
+    assert pass_at_1() == pytest.approx((6.5 + 2.5) / 30, abs=1e-4)  # the value is rounded to 4 places
+    _rewrite(ready, pass_threshold=0.7)
+    assert pass_at_1() == pytest.approx(6.5 / 30, abs=1e-4)
+
+
 def test_study_id_resolves_to_its_spec_and_text_output(ready: Path) -> None:
     study = next(p.name for p in (ready.parent / ".agl" / "runs").iterdir()
                  if json.loads((p / "manifest.json").read_text())["kind"] == "study")
@@ -291,7 +305,7 @@ def test_gains_against_different_baselines_are_not_added_up(ready: Path) -> None
     criterion = _plateau(ready)
     assert criterion["status"] == "fail" and criterion["value"] == pytest.approx(0.40)
     assert "+40.0 points" in criterion["detail"] and "43.3" not in criterion["detail"]
-    assert f"+30.0 kept (journal: attempt 0 vs {R1}:baseline)" in criterion["detail"]
+    assert f"+30.0 points kept (journal: attempt 0 vs {R1}:baseline)" in criterion["detail"]
 
 
 def test_small_gains_along_a_chain_add_up_and_off_it_do_not(ready: Path) -> None:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agl_cli.costs import paired_cost, usd_text
-from agl_cli.optimize.objectives import Constraints, breach, choose, measure, pareto_front
+from agl_cli.costs import paired_cost
+from agl_cli.metrics.fmt import usd
+from agl_cli.metrics.variant import measure
+from agl_cli.optimize.objectives import Constraints, breach, choose, pareto_front
 from agl_cli.served import ServedModels, same_model, served_models
-from agl_cli.summary import summarize_variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import (
     Api,
@@ -54,14 +55,12 @@ def test_summaries_and_objectives_never_show_an_unknown_cost_as_free() -> None:
               "b1": CallTotals(1, 10, 5, 0.0, 1), "b2": CallTotals(1, 10, 5, 0.0, 1)}
     priced = [_rollout("a1", "t1", "a"), _rollout("a2", "t2", "a")]
     unpriced = [_rollout("b1", "t1", "b"), _rollout("b2", "t2", "b")]
-    a = summarize_variant("a", priced, 2, totals, {})
-    b = summarize_variant("b", unpriced, 2, totals, {})
-    assert a.cost_usd == pytest.approx(0.4) and a.unpriced_calls == 0
-    assert b.cost_usd is None and b.unpriced_calls == 2 and b.as_json()["cost_usd"] is None
-    assert usd_text(b.cost_usd, b.unpriced_calls) == "— (2 unpriced calls)" and usd_text(0.4) == "$0.4000"
-
-    ma, mb = measure("a", priced, totals, 1), measure("b", unpriced, totals, 1)
-    assert ma.cost_per_task == pytest.approx(0.2) and mb.cost_per_task is None and mb.unpriced_calls == 2
+    ma, mb = measure("a", priced, totals), measure("b", unpriced, totals)
+    assert ma.cost_usd == pytest.approx(0.4) and ma.unpriced_calls == 0
+    assert mb.cost_usd is None and mb.unpriced_calls == 2 and mb.summary_json()["cost_usd"] is None
+    assert mb.objectives_json()["cost_per_task_usd"] is None
+    assert usd(mb.cost_usd, unpriced_calls=mb.unpriced_calls) == "— (2 unpriced calls)" and usd(0.4) == "$0.4000"
+    assert ma.cost_per_task.mean == pytest.approx(0.2) and mb.cost_per_task.mean is None
     # same accuracy: the unknown cost is neither cheaper (it would win the tie) nor dominated on cost
     assert choose([mb, ma], Constraints())[0] == "a"
     assert set(pareto_front([ma, mb])) == {"a", "b"}

@@ -14,6 +14,7 @@ import pytest
 
 from rl_backend.gateway.fake.procs import Proc, register, spawn_fast_fake, spawn_gateway
 from rl_backend.store.db import RunStore
+from tests.conftest import GATEWAY_SERVE
 
 CALLS = 2000
 CONCURRENCY = 64
@@ -24,7 +25,7 @@ ADMIN = "load-admin"
 def gateway(tmp_path: Path) -> Iterator[tuple[Proc, Path]]:
     fake = spawn_fast_fake()
     store = tmp_path / "gw.sqlite"
-    gw = spawn_gateway(fake.url, store, admin_token=ADMIN)
+    gw = spawn_gateway(GATEWAY_SERVE, fake.url, store, admin_token=ADMIN)
     try:
         yield gw, store
     finally:

@@ -20,7 +20,7 @@ from rl_backend.gateway.fake.procs import Proc, spawn_fast_fake, spawn_gateway
 from rl_backend.gateway.remote import RemoteGateway, RemoteGatewayError, from_environment
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import CallRecord, RolloutStatus
-from tests.conftest import FIXTURES, run_agl
+from tests.conftest import FIXTURES, GATEWAY_SERVE, run_agl
 
 ADMIN = "admin-secret-for-remote-tests"
 MSGS: Any = [{"role": "user", "content": "hello there"}]
@@ -169,7 +169,7 @@ def _write_study(folder: Path, upstream_url: str) -> None:
 def test_eval_uses_the_gateway_at_agl_gateway_url(fast_fake: Proc, tmp_path: Path) -> None:
     _write_study(tmp_path, "http://127.0.0.1:9/v1")  # unreachable: only the remote gateway may call the fake
     gateway_store = tmp_path / "gateway.sqlite"
-    gw = spawn_gateway(fast_fake.url, gateway_store, admin_token=ADMIN)
+    gw = spawn_gateway(GATEWAY_SERVE, fast_fake.url, gateway_store, admin_token=ADMIN)
     try:
         env = {"AGL_GATEWAY_URL": gw.url, "AGL_GATEWAY_ADMIN_TOKEN": ADMIN}
         result = run_agl(["eval", "agl.yaml", "--json", "--no-report"], cwd=tmp_path, env=env, timeout=180)

@@ -18,6 +18,7 @@ import yaml
 
 from rl_backend.gateway.fake.procs import Proc, register, spawn_fast_fake, spawn_gateway, spawn_serve
 from rl_backend.store.db import RunStore
+from tests.conftest import GATEWAY_SERVE
 
 ADMIN = "admin-secret-for-tests"
 MSGS: Any = [{"role": "user", "content": "hello there"}]
@@ -40,7 +41,7 @@ def fake() -> Iterator[Proc]:
 
 def test_serve_registers_rollouts_over_http_and_records_sdk_calls(fake: Proc, tmp_path: Path) -> None:
     store = tmp_path / "gw.sqlite"
-    gw = spawn_gateway(fake.url, store, admin_token=ADMIN)
+    gw = spawn_gateway(GATEWAY_SERVE, fake.url, store, admin_token=ADMIN)
     try:
         assert gw.info["store"] == str(store.resolve()) and gw.info["upstreams"] == ["local"]
         assert "admin_token" not in gw.info  # given through the environment, never echoed
@@ -111,7 +112,7 @@ def test_serve_reads_upstreams_from_agl_yaml_and_generates_a_loopback_admin_toke
         "upstreams": {"vllm": {"kind": "openai-compatible", "base_url": fake.url, "model": "tiny"}},
         "model": "vllm/tiny",
     }))
-    gw = spawn_serve([str(tmp_path), "--store", str(tmp_path / "s.sqlite")])
+    gw = spawn_serve(GATEWAY_SERVE, [str(tmp_path), "--store", str(tmp_path / "s.sqlite")])
     try:
         assert gw.info["default_model"] == "vllm/tiny" and gw.info["upstreams"] == ["vllm"]
         token = gw.info["admin_token"]  # none given on loopback: one was made and shown once
@@ -126,7 +127,7 @@ def test_serve_reads_upstreams_from_agl_yaml_and_generates_a_loopback_admin_toke
 
 def test_kill_9_under_load_loses_no_answered_call(fake: Proc, tmp_path: Path) -> None:
     store = tmp_path / "gw.sqlite"
-    gw = spawn_gateway(fake.url, store, admin_token=ADMIN)
+    gw = spawn_gateway(GATEWAY_SERVE, fake.url, store, admin_token=ADMIN)
     regs = [register(gw.url, ADMIN, f"k{i}") for i in range(8)]
     answered: list[str] = []  # response ids the agents received in full
     failures: list[str] = []
@@ -178,7 +179,7 @@ def test_kill_9_under_load_loses_no_answered_call(fake: Proc, tmp_path: Path) ->
         worker.join(30)
     assert len(answered) >= 200 and failures and "AssertionError" not in failures, (len(answered), failures[:5])
     # The same store, a new process: it opens cleanly and serves.
-    again = spawn_gateway(fake.url, store, admin_token=ADMIN)
+    again = spawn_gateway(GATEWAY_SERVE, fake.url, store, admin_token=ADMIN)
     try:
         reg = register(again.url, ADMIN, "after")
         openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["token"], max_retries=0).chat.completions.create(

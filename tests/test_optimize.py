@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from agl_cli.evaluation import PlannedRollout
+from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.optimize.cache import IMPORTED_META, ResultCache, agent_version
-from agl_cli.optimize.objectives import Constraints, VariantMetrics, choose, pareto_front
+from agl_cli.optimize.objectives import Constraints, choose, pareto_front
 from agl_cli.optimize.racing import decide_round, race, schedule
 from agl_cli.optimize.study import Ledger
 from agl_cli.rundir import RunDir
@@ -110,7 +111,13 @@ def test_decide_round_drops_constraint_breakers_and_clear_losers() -> None:
 
 
 def _metrics(name: str, acc: float, cost: float, p95: float) -> VariantMetrics:
-    return VariantMetrics(name, 100, 100, Estimate(acc, (acc - 0.1, acc + 0.1), 100), cost, p95, acc, 1, 100, 0, 0)
+    none = Estimate(None, None, 0)
+    return VariantMetrics(
+        name=name, planned=100, finished=100, n_tasks=100, accuracy=Estimate(acc, (acc - 0.1, acc + 0.1), 100),
+        wrong=0, missing=0, missing_reasons={}, error_rate=none, timeout_rate=None, latency_p50=None,
+        latency_p95=p95, input_tokens=0, output_tokens=0, calls=0, cost_usd=100 * cost, unpriced_calls=0,
+        cost_per_task=Estimate(cost, None, 100), tokens_per_task=none, pass_k=Estimate(acc, None, 100), k=1,
+        pass_threshold=0.5)
 
 
 def test_pareto_front_and_choice_under_constraints() -> None:

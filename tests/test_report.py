@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from agl_cli.errors import UsageError
+from agl_cli.metrics.fmt import usd
 from agl_cli.report import regression_verdict, write_report
-from agl_cli.report.fmt import fence, md_escape, usd
+from agl_cli.report.markup import fence, md_escape
 from agl_cli.report.redact import scrub, scrub_text
 from agl_cli.report.svg import nice_ticks
 from tests.conftest import invoke_agl, run_agl

@@ -60,7 +60,7 @@ def test_reused_rollouts_are_marked_and_never_counted_as_spent(tmp_path: Path, f
     assert len(progress) == 4, again.stderr
     assert all(f"(reused from run {first['run_id']}, not run again)" in line for line in progress), progress
     assert f"4 rollouts reused from run {first['run_id']}" in again.stdout
-    assert "this run launched 0 rollouts and spent $0.0000" in again.stdout
+    assert "this run launched 0 rollouts and spent $0.00\n" in again.stdout
 
     as_json = json.loads(run_agl(["eval", "agl.yaml", "--no-report", "--json", "-q"], cwd=tmp_path, env=ENV,
                                  check=True).stdout)

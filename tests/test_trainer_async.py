@@ -25,13 +25,9 @@ if importlib.util.find_spec("verl") is None:  # found, not imported: importing v
 
 from rl_backend.store.db import RunStore  # noqa: E402
 from rl_backend.store.records import RewardSource, Rollout, RolloutStatus  # noqa: E402
-from rl_backend.trainer.async_loop import (  # noqa: E402
-    AsyncConfig,
-    AsyncTrainingLoop,
-    RolloutGroup,
-    rollout_staleness,
-)
+from rl_backend.trainer.async_loop import AsyncConfig, AsyncTrainingLoop, rollout_staleness  # noqa: E402
 from rl_backend.trainer.curves import read_curve  # noqa: E402
+from rl_backend.trainer.interfaces import RolloutGroup  # noqa: E402
 from rl_backend.trainer.loop import LoopConfig, TrainingLoop  # noqa: E402
 from rl_backend.trainer.torch_backend import TorchTrainer, TrainerConfig  # noqa: E402
 from rl_backend.trainer.toy import BOS, TOOL, ToyTask, call_record, make_tasks, sample_next, tiny_llama  # noqa: E402

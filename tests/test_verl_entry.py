@@ -25,6 +25,7 @@ from rl_backend.provision.options import Names, ProvisionOptions
 from rl_backend.provision.plan import PROJECT_DIR, choose_topology, trainer_env
 from rl_backend.store.db import RunStore
 from rl_backend.trainer.curves import StepRecord
+from tests.conftest import GATEWAY_SERVE
 
 needs_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="verl is not installed")
 SPEC = {
@@ -146,7 +147,8 @@ def test_a_cluster_gateway_serves_the_policy_once_the_trainer_registers_its_serv
                                                        "model": SPEC["model"]}))
     store = tmp_path / "s.sqlite"
     try:
-        gw = spawn_serve([str(tmp_path), "--store", str(store), "--in-cluster", "--port", "0"], admin_token="adm")
+        gw = spawn_serve(GATEWAY_SERVE, [str(tmp_path), "--store", str(store), "--in-cluster", "--port", "0"],
+                         admin_token="adm")
         admin = RemoteGateway(gw.url, "adm")
         try:
             reg = register(gw.url, "adm", "r1")

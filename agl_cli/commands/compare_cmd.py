@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from agl_cli.cli_support import handle_errors
+from agl_cli.metrics.fmt import pct, points, seconds, usd
 
 if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
@@ -128,7 +129,7 @@ def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
 
 def compare_sides(base: Side, candidates: list[Side]) -> list[dict[str, Any]]:
     from agl_cli.costs import latencies, paired_cost
-    from agl_cli.optimize.objectives import scores_of
+    from agl_cli.metrics.run import scores_of
     from agl_cli.paired import compare_many, difference
 
     base_scores = scores_of(base.rollouts)
@@ -162,20 +163,13 @@ def same_model_problems(base: Side, candidates: list[Side]) -> list[str]:
     return problems
 
 
-def _signed(value: float | None, ci: list[float] | None, fmt: str, scale: float = 1.0) -> str:
-    if value is None:
-        return "—"
-    text = format(scale * value, fmt)
-    return text if not ci else f"{text} [{format(scale * ci[0], fmt)}, {format(scale * ci[1], fmt)}]"
-
-
 def sentence(label: str, doc: dict[str, Any]) -> str:
     """One line a person can read: the verdict, the effect with its interval, the test and, if undecided, how
     many more tasks would likely decide it."""
     diff = doc["difference"]
     p = f"p={doc['p_value']:.3g}" + (f", Holm {doc['p_adjusted']:.3g}" if doc["p_adjusted"] != doc["p_value"] else "")
     text = (
-        f"{label}: {doc['verdict']} — accuracy {_signed(diff['mean'], diff['ci95'], '+.1f', 100)} points over "
+        f"{label}: {doc['verdict']} — accuracy {points(diff['mean'], diff['ci95'])} over "
         f"{doc['n_tasks']} tasks ({doc['n_pairs']} pairs; {TESTS.get(doc['test'], doc['test'])} {p})"
     )
     cost = doc.get("cost_usd_per_task")
@@ -185,10 +179,10 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
     if unknown:
         text += f"; cost/task unknown ({unknown})"
     elif cost and cost["difference"]["mean"]:
-        text += f"; cost/task {_signed(cost['difference']['mean'], cost['difference']['ci95'], '+.4f')} USD"
+        text += f"; cost/task {usd(cost['difference']['mean'], cost['difference']['ci95'], signed=True)}"
     latency = doc.get("latency_s")
     if latency and latency["difference"]["mean"] is not None:
-        text += f"; latency {_signed(latency['difference']['mean'], latency['difference']['ci95'], '+.2f')} s"
+        text += f"; latency {seconds(latency['difference']['mean'], latency['difference']['ci95'], signed=True)}"
     if doc.get("more_tasks"):
         text += f"; about {doc['more_tasks']} more tasks would likely decide it"
     return text
@@ -242,9 +236,8 @@ def compare_command(
 
         for side, d in zip(candidates, docs, strict=True):
             table.add_row(
-                Text(short(side)), str(d["n_tasks"]), f"{100 * d['baseline_mean']:.1f}%",
-                f"{100 * d['candidate_mean']:.1f}%",
-                _signed(d["difference"]["mean"], d["difference"]["ci95"], "+.1f", 100), f"{d['p_adjusted']:.3g}",
+                Text(short(side)), str(d["n_tasks"]), pct(d["baseline_mean"]), pct(d["candidate_mean"]),
+                points(d["difference"]["mean"], d["difference"]["ci95"]), f"{d['p_adjusted']:.3g}",
                 Text(d["verdict"]), Text(f"{base.served.label()} / {side.served.label()}"),
             )
         out = stdout_console()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from agl_cli.cli_support import handle_errors
+from rl_backend.version import installed_version
 
 if TYPE_CHECKING:
     from agl_cli.evaluation import PlannedRollout
@@ -58,7 +59,7 @@ def _prepare_new(
             "variants": [{"name": v.name, "settings": v.settings, "hash": v.hash} for v in variants],
             "task_ids": [t.id for t in tasks],
             "tasks_hash": task_set_hash(tasks),
-            "agl_version": _version(),
+            "agl_version": installed_version(),
             "agent_version": agent_version(spec),
             "status": "running",
         },
@@ -106,12 +107,6 @@ def _prepare_resume(
     return spec, run, variants, make_plan(variants, tasks, int(manifest["seeds"]))
 
 
-def _version() -> str:
-    from agl_cli.version import installed_version
-
-    return installed_version()
-
-
 def execute_eval(
     spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
     use_cache: bool = True, reuse_failures: bool = False,
@@ -123,10 +118,10 @@ def execute_eval(
     from agl_cli.console import stderr_console
     from agl_cli.controllers import make_controller, run_then_close
     from agl_cli.evaluation import EvalRunner
+    from agl_cli.metrics.run import measure_run
     from agl_cli.progress import RolloutProgress
     from agl_cli.run_spend import own_usd, reused_among, run_spend
     from agl_cli.stack import running_stack
-    from agl_cli.summary import summarize_run
 
     console = stderr_console()
     store = run.open_store()
@@ -171,7 +166,7 @@ def execute_eval(
     planned_keys: dict[str, list[str]] = {v.name: [] for v in variants}
     for item in plan:
         planned_keys[item.variant.name].append(item.key)
-    summaries = summarize_run(store, planned_keys)
+    summaries = measure_run(store, planned_keys, k=int(manifest.get("seeds") or 1), pass_threshold=spec.pass_threshold)
     reused_by_variant = Counter(r.variant for r, _ in reused_among(store, [item.key for item in plan]))
     spend = run_spend(store)
     finished = sum(s.finished for s in summaries)
@@ -191,7 +186,7 @@ def execute_eval(
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "status": status,
-        "variants": [{**s.as_json(), "reused": reused_by_variant.get(s.name, 0)} for s in summaries],
+        "variants": [{**s.summary_json(), "reused": reused_by_variant.get(s.name, 0)} for s in summaries],
         "spend": spend.as_json(),
         "_summaries": summaries,
         "_spend": spend,
@@ -242,9 +237,9 @@ def eval_command(
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
-    from agl_cli.costs import usd_text
     from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
+    from agl_cli.metrics.fmt import usd
 
     if resume is not None:
         if config is not None or variant or limit is not None or seeds is not None or split is not None:
@@ -285,7 +280,7 @@ def eval_command(
         print_table(out, variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
         print_missing_reasons(out, summaries)
         out.print(f"this run launched {spend.launched} rollouts and spent "
-                  f"{usd_text(spend.priced_usd, spend.unpriced_calls)}", markup=False)
+                  f"{usd(spend.priced_usd, unpriced_calls=spend.unpriced_calls)}", markup=False)
         if spend.reuse_line():
             out.print(spend.reuse_line(), markup=False)
         stderr_console().print(f"run stored in {run.path}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from agl_cli.cli_support import handle_errors
+from rl_backend.version import installed_version
 
 if TYPE_CHECKING:
     from rl_backend.gateway.config import ResolvedUpstream, UpstreamSpec
@@ -363,7 +364,7 @@ def export_command(
     console = stderr_console()
     if endpoint is not None:
         try:
-            sent = export.send_otlp(records, endpoint, version=_version())
+            sent = export.send_otlp(records, endpoint, version=installed_version())
         except RuntimeError as exc:
             from agl_cli.errors import AglError
 
@@ -373,7 +374,8 @@ def export_command(
     if format_ is ExportFormat.jsonl:
         lines: Any = export.jsonl_lines(records)
     else:
-        lines = (json.dumps(doc, separators=(",", ":")) + "\n" for doc in export.otlp_requests(records, version=_version()))
+        requests = export.otlp_requests(records, version=installed_version())
+        lines = (json.dumps(doc, separators=(",", ":")) + "\n" for doc in requests)
     if out is None:
         sys.stdout.writelines(lines)
         sys.stdout.flush()
@@ -388,12 +390,3 @@ def export_command(
                 tmp.unlink()
             raise UsageError(f"--out {out}: cannot write it ({exc.strerror})") from None
     console.print(f"exported {len(records)} calls" + (f" to {out}" if out else ""))
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("agl")
-    except PackageNotFoundError:
-        return ""

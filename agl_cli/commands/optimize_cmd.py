@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from agl_cli.cli_support import handle_errors
+from agl_cli.metrics.fmt import pct, seconds, usd
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,21 +37,21 @@ def _print_projection(out: Console, doc: dict[str, Any]) -> None:
     if per["source"] == "none":
         out.print("no per-rollout cost or time known (no history for this agent version, and --pilot 0)")
     else:
-        cost = "cost unknown (calls without a price)" if per["cost_usd"] is None else f"${per['cost_usd']:.5f}"
-        out.print(f"per rollout (from {per['source']}, n={per['n']}): {cost}, "
-                  f"{per['input_tokens']:.0f} in / {per['output_tokens']:.0f} out tokens, {per['duration_s']:.1f}s")
+        cost = "cost unknown (calls without a price)" if per["cost_usd"] is None else usd(per["cost_usd"])
+        out.print(f"per rollout (from {per['source']}, n={per['n']}): {cost}, {per['input_tokens']:.0f} in / "
+                  f"{per['output_tokens']:.0f} out tokens, {seconds(per['duration_s'], digits=1)}")
     for name, entry in doc["projected"].items():
         line = f"  {name.replace('_', ' ')}: {entry['rollouts']} rollouts ({entry['to_run']} to run)"
         if "cost_usd" in entry:
-            cost = "cost unknown" if entry["cost_usd"] is None else f"${entry['cost_usd']:.4f}"
+            cost = "cost unknown" if entry["cost_usd"] is None else usd(entry["cost_usd"])
             line += (f", {cost}, {entry['input_tokens'] + entry['output_tokens']:,} tokens, "
                      f"about {entry['time_s'] / 60:.1f} min at concurrency {doc['concurrency']}")
         out.print(line, markup=False)
     budget = doc["budget"]
     if budget["usd"] is not None or budget["rollouts"] is not None:
-        usd = "no USD limit" if budget["usd"] is None else f"${budget['usd']:g}"
+        money = "no USD limit" if budget["usd"] is None else f"${budget['usd']:g}"
         rollouts = "no rollout limit" if budget["rollouts"] is None else f"{budget['rollouts']} rollouts"
-        out.print(f"budget: {usd}, {rollouts} (a hard ceiling: launching stops there)")
+        out.print(f"budget: {money}, {rollouts} (a hard ceiling: launching stops there)")
     if doc.get("pilot_study"):
         out.print(f"pilot kept in study {doc['pilot_study']}: `agl optimize --resume {doc['pilot_study']}` runs it")
 
@@ -63,7 +64,7 @@ def _print_reflect(out: Console, reflect: dict[str, Any] | None) -> None:
         out.print(f"proposal {p['n']} (parent {p['parent']}): {p['variant'] or 'no variant'}, {state}", markup=False)
     front = ", ".join(f"{m['name']} ({m['tasks_best']} tasks)" for m in reflect["pareto_front"])
     spent = reflect["proposer_cost_usd"]
-    spent_text = "an unknown amount (its model has no price)" if spent is None else f"${spent:.4f}"
+    spent_text = "an unknown amount (its model has no price)" if spent is None else usd(spent)
     out.print(f"reflect front: {front or '—'}; proposer spent {spent_text}", markup=False)
     if reflect.get("stopped"):
         out.print(f"reflect stopped: {reflect['stopped']}", markup=False)
@@ -74,22 +75,21 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
     from rich.text import Text
 
     from agl_cli.commands.compare_cmd import sentence
-    from agl_cli.console import fmt_ci, print_table
+    from agl_cli.console import print_table
 
     table = Table(title=f"study {doc['study_id']} ({doc['strategy']}, {doc['splits']['search']['name']})",
                   title_justify="left")
     k = doc["seeds"]
-    for column in ("variant", "status", "n", "accuracy [95% CI]", f"pass^{k}", "$/task", "p95", "front"):
+    for column in ("variant", "status", "n", "accuracy [95% CI]", f"pass^{k}", "cost/task", "p95", "front"):
         table.add_column(column, justify="left" if column in ("variant", "status") else "right")
     for row in doc["variants"]:
         acc = row["accuracy"]
         status = "kept" if not row["dropped"] else f"out r{row['dropped']['round']}"
         table.add_row(
-            Text(row["name"]), Text(status), str(row["n_tasks"]), fmt_ci(acc["mean"], acc["ci95"]),
-            "—" if row["pass_k"]["mean"] is None else f"{100 * row['pass_k']['mean']:.0f}%",
-            (f"— ({row['unpriced_calls']} unpriced)" if row.get("unpriced_calls") else "—")
-            if row["cost_per_task_usd"] is None else f"{row['cost_per_task_usd']:.4f}",
-            "—" if row["latency_p95_s"] is None else f"{row['latency_p95_s']:.1f}s",
+            Text(row["name"]), Text(status), str(row["n_tasks"]), pct(acc["mean"], acc["ci95"]),
+            pct(row["pass_k"]["mean"], digits=0),
+            usd(row["cost_per_task_usd"], unpriced_calls=row.get("unpriced_calls") or 0),
+            seconds(row["latency_p95_s"], digits=1),
             "*" if row["pareto"] else "",
         )
     print_table(out, table)
@@ -107,9 +107,9 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
         out.print(f"written: {doc['best_config']['path']}", markup=False)
         out.print(doc["best_config"]["diff"], markup=False, end="")
     spend = doc["spend"]
-    usd = (f"${spend['priced_usd']:.4f} and {spend['unpriced_calls']} calls without a price (an unknown amount)"
-           if spend.get("unpriced_calls") else f"${spend['usd']:.4f}")
-    out.print(f"spent {usd} on {spend['rollouts']} rollouts; {spend['reused_from_cache']} reused", markup=False)
+    spent = (f"{usd(spend['priced_usd'])} and {spend['unpriced_calls']} calls without a price (an unknown amount)"
+             if spend.get("unpriced_calls") else usd(spend["usd"]))
+    out.print(f"spent {spent} on {spend['rollouts']} rollouts; {spend['reused_from_cache']} reused", markup=False)
 
 
 @handle_errors

@@ -64,7 +64,7 @@ def spend_command(
     """What has been spent across runs (rollouts launched, model cost in USD) and what is left of a budget;
     `over_budget` once either ceiling is reached. Check it before each new eval, compare or optimize."""
     from agl_cli.console import print_json, print_rows, stderr_console
-    from agl_cli.costs import usd_text
+    from agl_cli.metrics.fmt import usd
     from agl_cli.rundir import RunsIndex, SkippedRun, read_stores
 
     start = since_epoch(since)
@@ -92,12 +92,12 @@ def spend_command(
         return
     out = print_rows(f"spend of the runs in {index.root}",
                      ("run", "kind", "rollouts", "usd", "reused rollouts", "reused usd"),
-                     [(r["run_id"], r["kind"] or "", str(r["rollouts"]), usd_text(r["usd"], r["unpriced_calls"]),
-                       str(r["reused_rollouts"]), usd_text(r["reused_usd"])) for r in runs])
-    total = f"total: {rollouts} rollouts launched, {usd_text(doc['usd'], unpriced)}"
+                     [(r["run_id"], r["kind"] or "", str(r["rollouts"]), usd(r["usd"], unpriced_calls=r["unpriced_calls"]),
+                       str(r["reused_rollouts"]), usd(r["reused_usd"])) for r in runs])
+    total = f"total: {rollouts} rollouts launched, {usd(doc['usd'], unpriced_calls=unpriced)}"
     left = doc["left"]
     if left["usd"] is not None or left["rollouts"] is not None:
-        parts = [usd_text(left["usd"]) if left["usd"] >= 0 else f"none ({usd_text(-left['usd'])} over)"] \
+        parts = [usd(left["usd"]) if left["usd"] >= 0 else f"none ({usd(-left['usd'])} over)"] \
             if left["usd"] is not None else []
         parts += [f"{max(left['rollouts'], 0)} rollouts"] if left["rollouts"] is not None else []
         total += f"; left of the budget: {', '.join(parts)}" + (" (over budget: stop here)" if over else "")

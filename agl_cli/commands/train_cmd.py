@@ -163,7 +163,7 @@ def train_command(
     from agl_cli.console import print_json, stderr_console, stdout_console
     from agl_cli.errors import UsageError
     from agl_cli.tasks import load_tasks, select_tasks
-    from agl_cli.training import TRAINED_DIR, Trainer, TrainOptions
+    from agl_cli.training import TRAINED_DIR, TrainingRun, TrainOptions
 
     console = stderr_console()
     if loop not in ("sync", "collocated-async"):
@@ -211,9 +211,9 @@ def train_command(
 
         on_step = step_printer(console, tracking)
 
-        trainer = Trainer(spec, run, options, train_tasks, heldout, log=console.print)
+        training = TrainingRun(spec, run, options, train_tasks, heldout, log=console.print)
         try:
-            outcome = trainer.run(on_step)
+            outcome = training.run(on_step)
         except KeyboardInterrupt:
             console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
             raise typer.Exit(130) from None

@@ -117,7 +117,7 @@ def verl_command(
     from agl_cli.spec import load_spec
     from agl_cli.tasks import load_tasks, select_tasks
     from agl_cli.training import TrainOptions
-    from agl_cli.verl_training import VerlTraining, newest_verl_run, render_config, verl_settings
+    from agl_cli.verl_training import VerlTrainingRun, newest_verl_run, render_config, verl_settings
     from rl_backend.trainer.trackers import open_trackers
     from rl_backend.trainer.verl_backend.runtime import launch_hint, missing_requirements
 
@@ -169,9 +169,9 @@ def verl_command(
     else:
         console.print(f"resuming training run {run.run_id}")
     tasks = load_tasks(spec)
-    training = VerlTraining(spec, run, options, select_tasks(tasks, split=options.train_split, limit=None),
-                            select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit),
-                            log=console.print, verl_config=full, settings=settings)
+    training = VerlTrainingRun(spec, run, options, select_tasks(tasks, split=options.train_split, limit=None),
+                               select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit),
+                               log=console.print, verl_config=full, settings=settings)
     tracking = open_trackers([], run_dir=run.path, run_id=run.run_id, name=run.run_id, config={})
     printer = step_printer(console, tracking)
     # One process at a time trains this run (a second is refused with this one's pid); stdout carries data only.

@@ -102,7 +102,7 @@ def transcript_command(
     variant: Annotated[Optional[str], typer.Option(help="Only this variant.")] = None,  # noqa: UP045
     split: Annotated[Optional[str], typer.Option(help="Only rollouts of this split.")] = None,  # noqa: UP045
     task: Annotated[Optional[str], typer.Option(help="Only this task id.")] = None,  # noqa: UP045
-    below: Annotated[float, typer.Option(help="With --failing: a reward below this is a failure.")] = 0.5,
+    below: Annotated[Optional[float], typer.Option(help="With --failing: a reward below this is a failure (default: the run's pass_threshold, 0.5 unless its agl.yaml set another).")] = None,  # noqa: UP045,E501
     limit: Annotated[Optional[int], typer.Option(help="At most N rollouts (default: all that match).")] = None,  # noqa: UP045,E501
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
@@ -113,7 +113,8 @@ def transcript_command(
 
     from agl_cli.console import print_json, stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.report.fmt import anchor
+    from agl_cli.metrics.run import run_pass_threshold
+    from agl_cli.report.markup import anchor
     from agl_cli.report.transcripts import last_reply, transcript
     from agl_cli.rundir import find_run
 
@@ -124,6 +125,8 @@ def transcript_command(
     if rollout is not None and (failing or variant or split or task):
         raise UsageError("give either one ROLLOUT or filters (--failing, --variant, --split, --task), not both")
     target = find_run(run, runs_dir)
+    if below is None:
+        below = run_pass_threshold(target.path)
     store = target.open_store()
     try:
         if rollout is not None:

@@ -5,7 +5,8 @@
 - `reflect`: the reflect strategy (an LLM proposer rewrites a prompt file; kept only when `better` than its parent),
   with `proposer` (the request from failing transcripts, the call through the gateway) and `pareto` (the per-task
   front its parents are drawn from);
-- `objectives`: per-variant accuracy, cost, latency, pass^k; Pareto front; the choice under constraints;
+- `objectives`: the Pareto front over agl_cli.metrics' accuracy, cost, latency and pass^k; the choice under
+  constraints;
 - `cache`: the agent version and reuse of finished rollouts from earlier runs;
 - `study`: the study directory, its budget ledger and the runner that respects it;
 - `engine`: the whole flow; `projection`: `--dry-run`; `best_config`: writing `agl.best.yaml`.

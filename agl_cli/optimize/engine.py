@@ -13,18 +13,12 @@ from rich.console import Console
 
 from agl_cli.console import stderr_console
 from agl_cli.costs import latencies, paired_cost
+from agl_cli.metrics.fmt import points
+from agl_cli.metrics.run import latest_by_variant, scores_of
+from agl_cli.metrics.variant import VariantMetrics, measure
 from agl_cli.optimize.best_config import describe_settings, knob_changes, write_best
 from agl_cli.optimize.execute import Executor, session
-from agl_cli.optimize.objectives import (
-    Constraints,
-    VariantMetrics,
-    breach,
-    choose,
-    latest_by_variant,
-    measure,
-    pareto_front,
-    scores_of,
-)
+from agl_cli.optimize.objectives import Constraints, breach, choose, pareto_front
 from agl_cli.optimize.racing import Round, race
 from agl_cli.optimize.study import Ledger, Study
 from agl_cli.paired import BETTER, NO_DIFFERENCE, WORSE, Comparison, compare, difference
@@ -32,10 +26,6 @@ from rl_backend.store.db import RunStore
 
 ROUNDS_META = "study.rounds"
 RESULT_META = "study.result"
-
-
-def _points(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:+.1f} points"
 
 
 def paired_report(store: RunStore, split: str, base: str, winner: str) -> tuple[Comparison, dict[str, Any]]:
@@ -56,7 +46,7 @@ def describe_round(r: Round) -> str:
     parts = [f"round {r.index}: {r.tasks} tasks, leader {r.leader}"]
     for d in r.dropped:
         if d.reason == "worse":
-            parts.append(f"dropped {d.variant} ({_points(d.detail['difference'])} vs leader, p={d.detail['p_value']:.3g})")
+            parts.append(f"dropped {d.variant} ({points(d.detail['difference'])} vs leader, p={d.detail['p_value']:.3g})")
         else:
             parts.append(f"dropped {d.variant} ({d.detail['why']})")
     parts.append(f"{len(r.survivors)} left" + (" (stopped by the budget)" if r.partial else ""))
@@ -83,7 +73,8 @@ class StudyEngine:
     def _metrics(self, store: RunStore, names: list[str], tasks: set[str] | None = None) -> list[VariantMetrics]:
         grouped = latest_by_variant(store, split=self.options.search_split, tasks=tasks)
         totals = store.call_totals_by_rollout()
-        return [measure(n, grouped.get(n, []), totals, self.study.seeds) for n in names]
+        return [measure(n, grouped.get(n, []), totals, k=self.study.seeds, pass_threshold=self.study.spec.pass_threshold)
+                for n in names]
 
     def _infeasible(self, store: RunStore, survivors: list[str], tasks: set[str]) -> dict[str, str]:
         if self.constraints == Constraints():
@@ -173,7 +164,7 @@ class StudyEngine:
         self._judge(report, validation, confirmation)
         header = (
             f"Written by agl optimize, study {study.run.run_id}: {winner} ({describe_settings(changes)}).\n"
-            f"On {opts.confirm_split}: {confirmation.verdict}, {_points(confirmation.difference)} vs the baseline "
+            f"On {opts.confirm_split}: {confirmation.verdict}, {points(confirmation.difference)} vs the baseline "
             f"over {confirmation.n_tasks} tasks; recommendation: {report['recommendation']}.\n"
             "Each knob's winning option is first, so it is this config's baseline."
         )
@@ -204,8 +195,8 @@ class StudyEngine:
             and confirmation.difference < validation.difference
         ):
             messages.append(
-                f"the {split} gain ({_points(confirmation.difference)}) falls short of the validation gain "
-                f"({_points(validation.difference)}): picking the best of several on the same tasks flatters it"
+                f"the {split} gain ({points(confirmation.difference)}) falls short of the validation gain "
+                f"({points(validation.difference)}): picking the best of several on the same tasks flatters it"
             )
 
     def _variant_rows(self, metrics: list[VariantMetrics], survivors: list[str], front: list[str]) -> list[dict]:
@@ -215,7 +206,7 @@ class StudyEngine:
             variant = self.by_name[m.name]
             status = "survived" if m.name in survivors else "dropped"
             rows.append({
-                **m.as_dict(), "hash": variant.hash, "knobs": variant.settings, "status": status,
+                **m.objectives_json(), "hash": variant.hash, "knobs": variant.settings, "status": status,
                 "dropped": dropped.get(m.name), "pareto": m.name in front, "breach": breach(m, self.constraints),
             })
         return rows

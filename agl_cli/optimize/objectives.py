@@ -1,8 +1,6 @@
-"""What a study optimizes, per variant: accuracy (max), cost per task and p95 latency (min), and reliability
-pass^k (max: the share of tasks whose k seeds were all right). The Pareto front across the four, and the choice
-under the user's constraints (`--max-cost-per-task`, `--max-p95-latency`).
-
-A rollout counts as "right" for pass^k when its reward is at least 0.5 (rewards are scores in [0, 1]).
+"""What a study optimizes, per variant (agl_cli.metrics): accuracy (max), cost per task and p95 latency (min), and
+reliability pass^k (max: the share of tasks whose k seeds all passed). The Pareto front across the four, and the
+choice under the user's constraints (`--max-cost-per-task`, `--max-p95-latency`).
 
 A variant with an unpriced call has an unknown cost: it is never ranked as cheap. Two variants are compared on cost
 only when both costs are known, and a cost constraint is not met by a cost nobody knows.
@@ -10,18 +8,10 @@ only when both costs are known, and a cost constraint is not met by a cost nobod
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from agl_cli.costs import rollout_costs, totals_of, unpriced_text
-from agl_cli.paired import PairKey
-from agl_cli.stats import Estimate, bootstrap_mean, percentile
-from rl_backend.store.db import RunStore
-from rl_backend.store.records import CallTotals, Rollout
-
-PASS_THRESHOLD = 0.5
+from agl_cli.metrics.fmt import seconds, unpriced_text, usd
+from agl_cli.metrics.variant import VariantMetrics
 
 
 @dataclass(frozen=True)
@@ -33,77 +23,6 @@ class Constraints:
         return {"max_cost_per_task": self.max_cost_per_task, "max_p95_latency_s": self.max_p95_latency}
 
 
-@dataclass
-class VariantMetrics:
-    name: str
-    n_tasks: int
-    rollouts: int
-    accuracy: Estimate
-    cost_per_task: float | None  # None: no rollout, or a call without a price (unpriced_calls says how many)
-    latency_p95: float | None
-    pass_k: float | None
-    k: int
-    pass_k_tasks: int
-    input_tokens: int
-    output_tokens: int
-    unpriced_calls: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "n_tasks": self.n_tasks, "rollouts": self.rollouts,
-            "accuracy": self.accuracy.as_dict(), "cost_per_task_usd": self.cost_per_task,
-            "unpriced_calls": self.unpriced_calls,
-            "latency_p95_s": self.latency_p95,
-            "pass_k": {"k": self.k, "mean": self.pass_k, "n_tasks": self.pass_k_tasks},
-            "tokens": {"input": self.input_tokens, "output": self.output_tokens},
-        }
-
-
-def latest_by_variant(store: RunStore, split: str | None = None, tasks: set[str] | None = None) -> dict[str, list[Rollout]]:
-    """The newest finished attempt of every key, grouped by variant name, optionally of one split / task set."""
-    grouped: dict[str, list[Rollout]] = defaultdict(list)
-    for rollout in store.rollouts(latest_only=True):
-        if not rollout.status.terminal:
-            continue
-        if split is not None and rollout.split != split:
-            continue
-        if tasks is not None and rollout.task_id not in tasks:
-            continue
-        grouped[rollout.variant].append(rollout)
-    return grouped
-
-
-def scores_of(rollouts: list[Rollout]) -> dict[PairKey, float]:
-    """Rewards by (task, seed); a rollout without a reward is left out (missing, never a 0)."""
-    return {(r.task_id, r.seed): float(r.reward) for r in rollouts if r.reward is not None}
-
-
-def measure(name: str, rollouts: list[Rollout], totals: Mapping[str, CallTotals], k: int) -> VariantMetrics:
-    scored = [r for r in rollouts if r.reward is not None]
-    durations = [d for r in rollouts if (d := r.duration_s) is not None]
-    costs = rollout_costs(rollouts, totals)
-    used = totals_of(rollouts, totals)
-    by_task: dict[str, list[float]] = defaultdict(list)
-    for r in scored:
-        by_task[r.task_id].append(float(r.reward))  # type: ignore[arg-type]
-    complete = [values for values in by_task.values() if len(values) >= k]
-    passed = sum(1 for values in complete if all(v >= PASS_THRESHOLD for v in values))
-    return VariantMetrics(
-        name=name,
-        n_tasks=len({r.task_id for r in rollouts}),
-        rollouts=len(rollouts),
-        accuracy=bootstrap_mean([float(r.reward) for r in scored], [r.task_id for r in scored]),  # type: ignore[arg-type]
-        cost_per_task=sum(costs) / len(costs) if costs else None,  # None also when costs is None (unknown)
-        latency_p95=percentile(durations, 95),
-        pass_k=passed / len(complete) if complete else None,
-        k=k,
-        pass_k_tasks=len(complete),
-        input_tokens=used.input_tokens,
-        output_tokens=used.output_tokens,
-        unpriced_calls=used.unpriced_calls,
-    )
-
-
 def breach(metrics: VariantMetrics, constraints: Constraints) -> str | None:
     """Why a variant breaks a constraint (judged on what was measured so far), or None."""
     if constraints.max_cost_per_task is not None and metrics.unpriced_calls:
@@ -111,16 +30,16 @@ def breach(metrics: VariantMetrics, constraints: Constraints) -> str | None:
                 f"${constraints.max_cost_per_task:g} cannot be checked: declare its model's price under `prices:`")
     if (
         constraints.max_cost_per_task is not None
-        and metrics.cost_per_task is not None
-        and metrics.cost_per_task > constraints.max_cost_per_task
+        and metrics.cost_per_task.mean is not None
+        and metrics.cost_per_task.mean > constraints.max_cost_per_task
     ):
-        return f"cost per task ${metrics.cost_per_task:.4f} > ${constraints.max_cost_per_task:g}"
+        return f"cost per task {usd(metrics.cost_per_task.mean)} > ${constraints.max_cost_per_task:g}"
     if (
         constraints.max_p95_latency is not None
         and metrics.latency_p95 is not None
         and metrics.latency_p95 > constraints.max_p95_latency
     ):
-        return f"p95 latency {metrics.latency_p95:.1f}s > {constraints.max_p95_latency:g}s"
+        return f"p95 latency {seconds(metrics.latency_p95, digits=1)} > {constraints.max_p95_latency:g}s"
     return None
 
 
@@ -129,9 +48,9 @@ def _objectives(m: VariantMetrics) -> tuple[float, float | None, float, float]:
     # calls) is None: it is compared with nothing, so it neither wins nor loses on cost.
     return (
         m.accuracy.mean if m.accuracy.mean is not None else float("-inf"),
-        None if m.unpriced_calls else -(m.cost_per_task or 0.0),
+        None if m.unpriced_calls else -(m.cost_per_task.mean or 0.0),
         -(m.latency_p95 or 0.0),
-        m.pass_k if m.pass_k is not None else float("-inf"),
+        m.pass_k.mean if m.pass_k.mean is not None else float("-inf"),
     )
 
 
@@ -160,5 +79,5 @@ def choose(metrics: list[VariantMetrics], constraints: Constraints) -> tuple[str
         feasible, note = measured, "no variant meets the constraints; the most accurate is named"
     # Ties go to the cheaper; an unknown cost is never the cheaper one.
     best = max(feasible, key=lambda m: (m.accuracy.mean, float("-inf") if m.unpriced_calls else
-                                        -(m.cost_per_task or 0.0), -metrics.index(m)))
+                                        -(m.cost_per_task.mean or 0.0), -metrics.index(m)))
     return best.name, note

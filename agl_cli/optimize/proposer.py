@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agl_cli.spec import ProposerSpec
+from agl_cli.errors import UsageError
+from agl_cli.spec import ExperimentSpec, ProposerSpec
 from agl_cli.stack import Stack
 from rl_backend.store.records import CallRecord, Rollout
 
@@ -22,6 +23,22 @@ from rl_backend.store.records import CallRecord, Rollout
 TEMPLATE = "optimize/reflect.md.j2"
 _TAGGED = re.compile(r"<prompt>(.*?)</prompt>", re.S)
 _FENCED = re.compile(r"```[\w-]*\n(.*?)```", re.S)
+PROPOSER_HINT = """add a proposer to agl.yaml (its model is upstream/model, the upstream declared under upstreams:):
+  proposer:
+    model: openai/gpt-4.1-mini   # or claude/claude-haiku-4-5, local/smollm2-135m-instruct
+    rounds: 8                    # proposals to request
+    knob: system_prompt          # the file-valued knob to rewrite (default: the only one)"""
+
+
+def reflect_settings(spec: ExperimentSpec) -> tuple[ProposerSpec, str]:
+    """The proposer and the knob it rewrites; a usage error when the spec has no proposer."""
+    if spec.proposer is None:
+        raise UsageError("--strategy reflect needs an LLM to propose prompts: the spec has no `proposer:` section",
+                         hint=PROPOSER_HINT)
+    try:
+        return spec.proposer, spec.proposer_knob()
+    except ValueError as exc:
+        raise UsageError(f"`proposer.knob`: {exc}") from None
 
 
 def cut(text: str, limit: int) -> str:

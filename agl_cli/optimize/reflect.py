@@ -29,8 +29,9 @@ from typing import Any
 from rich.console import Console
 
 from agl_cli.errors import UsageError
+from agl_cli.metrics.fmt import points
+from agl_cli.metrics.run import latest_by_variant, scores_of
 from agl_cli.optimize.execute import Executor
-from agl_cli.optimize.objectives import latest_by_variant, scores_of
 from agl_cli.optimize.pareto import Front, choose_parent, pareto_front, task_means
 from agl_cli.optimize.proposer import (
     ProposerClient,
@@ -38,35 +39,17 @@ from agl_cli.optimize.proposer import (
     check_proposal,
     extract_prompt,
     outcome,
+    reflect_settings,
     render_transcript,
 )
 from agl_cli.optimize.study import PROPOSER_SCOPE, Study
 from agl_cli.paired import ALPHA, BETTER, PairKey, compare
-from agl_cli.spec import ExperimentSpec, ProposerSpec
 from agl_cli.variants import Variant, make_variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 
 PROPOSALS_META = "reflect.proposals"
 PROPOSALS_DIR = "proposals"
-PROPOSER_HINT = """add a proposer to agl.yaml (its model is upstream/model, the upstream declared under upstreams:):
-  proposer:
-    model: openai/gpt-4.1-mini   # or claude/claude-haiku-4-5, local/smollm2-135m-instruct
-    rounds: 8                    # proposals to request
-    knob: system_prompt          # the file-valued knob to rewrite (default: the only one)"""
-
-
-def reflect_settings(spec: ExperimentSpec) -> tuple[ProposerSpec, str]:
-    """The proposer and the knob it rewrites; a usage error when the spec has no proposer."""
-    if spec.proposer is None:
-        raise UsageError("--strategy reflect needs an LLM to propose prompts: the spec has no `proposer:` section",
-                         hint=PROPOSER_HINT)
-    try:
-        return spec.proposer, spec.proposer_knob()
-    except ValueError as exc:
-        raise UsageError(f"`proposer.knob`: {exc}") from None
-
-
 @dataclass
 class Proposal:
     """One round, as recorded in the store; `file` is None when the reply gave nothing worth running."""
@@ -110,10 +93,6 @@ class ReflectResult:
     survivors: list[str]
     stopped_for_budget: bool
     doc: dict[str, Any] = field(default_factory=dict)
-
-
-def _points(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:+.1f} points"
 
 
 class ReflectSearch:
@@ -324,8 +303,7 @@ class ReflectSearch:
     def _announce(self, record: Proposal) -> None:
         head = f"proposal {record.n} (parent {record.parent})"
         if record.verdict is not None:
-            ci = f" [{100 * record.ci95[0]:+.1f}, {100 * record.ci95[1]:+.1f}]" if record.ci95 else ""
-            body = (f"{record.variant}: {record.verdict} vs parent, {_points(record.difference)}{ci}, "
+            body = (f"{record.variant}: {record.verdict} vs parent, {points(record.difference, record.ci95)}, "
                     f"p={record.p_value:.3g}, n={record.n_tasks}")
         elif record.screen is not None:
             body = f"{record.variant}: {record.reason}"

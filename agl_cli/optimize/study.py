@@ -14,6 +14,7 @@ from typing import Any
 
 from agl_cli.errors import UsageError
 from agl_cli.evaluation import EvalRunner, PlannedRollout
+from agl_cli.metrics.fmt import usd
 from agl_cli.optimize.cache import agent_version, imported_ids
 from agl_cli.optimize.space import (
     CandidateFile,
@@ -30,6 +31,7 @@ from agl_cli.tasks import Task, load_tasks, select_tasks, task_set_hash
 from agl_cli.variants import Variant, baseline
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
+from rl_backend.version import installed_version
 
 KIND = "study"
 PROPOSER_SCOPE = "proposer-"  # the gateway scope (in place of a rollout id) of the reflect proposer's calls
@@ -117,7 +119,7 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
     working = with_candidates(spec, candidates)
     reflect = options.strategy == "reflect"
     if reflect:
-        from agl_cli.optimize.reflect import reflect_settings
+        from agl_cli.optimize.proposer import reflect_settings
 
         reflect_settings(working)  # without a proposer: a usage error showing the YAML to add
     if reflect and not (options.variants or candidates or options.sample is not None or options.grid):
@@ -141,8 +143,6 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
 
 
 def create(study: Study, runs_dir: Path | None, *, status: str = "running") -> Study:
-    from agl_cli.commands.eval_cmd import _version
-
     study.run = RunDir.create(
         runs_root(runs_dir),
         spec_data=study.spec.model_dump(mode="json", exclude_none=True),
@@ -158,7 +158,7 @@ def create(study: Study, runs_dir: Path | None, *, status: str = "running") -> S
             "confirm_task_ids": [t.id for t in study.confirm_tasks],
             "tasks_hash": task_set_hash(study.search_tasks + study.confirm_tasks),
             "options": asdict(study.options),
-            "agl_version": _version(),
+            "agl_version": installed_version(),
             "status": status,
         },
     )
@@ -246,11 +246,11 @@ class Ledger:
         return not (self.max_usd is not None and self.spent_usd + self.reserve_usd >= self.max_usd)
 
     def describe(self) -> str:
-        usd = f"${self.spent_usd:.4f}" + (f" of ${self.max_usd:g}" if self.max_usd is not None else "")
+        spent = usd(self.spent_usd) + (f" of ${self.max_usd:g}" if self.max_usd is not None else "")
         if self.unpriced_calls:
-            usd += f" (+ {self.unpriced_calls} calls without a price)"
-        count = f"{self.launched}" + (f" of {self.max_rollouts}" if self.max_rollouts is not None else "")
-        return f"spent {usd}, {count} rollouts"
+            spent += f" (+ {self.unpriced_calls} calls without a price)"
+        launched = f"{self.launched}" + (f" of {self.max_rollouts}" if self.max_rollouts is not None else "")
+        return f"spent {spent}, {launched} rollouts"
 
     def as_dict(self) -> dict[str, Any]:
         return {"rollouts": self.launched, "usd": None if self.unpriced_calls else self.spent_usd,

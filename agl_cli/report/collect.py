@@ -13,15 +13,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.costs import rollout_costs
-from agl_cli.optimize.objectives import VariantMetrics, measure, pareto_front
+from agl_cli.metrics.run import run_pass_threshold
+from agl_cli.metrics.variant import VariantMetrics, measure
+from agl_cli.optimize.objectives import pareto_front
 from agl_cli.report.compare import Flip, choose_winner, flips, paired_docs
 from agl_cli.report.usage import CallUsage, read_usage
 from agl_cli.run_spend import imported_ids
 from agl_cli.rundir import RunDir
-from agl_cli.stats import Estimate, bootstrap_mean, wilson_interval
-from agl_cli.summary import VariantSummary, summarize_variant
-from rl_backend.store.records import CallTotals, Rollout
+from rl_backend.store.records import Rollout
 
 HELD_OUT_SPLITS = ("test",)  # an eval on one of these confirms on held-out tasks; any other split is a search
 STUDY_RESULT_META = "study.result"  # agl_cli.optimize.engine.RESULT_META; not imported: the engine pulls the runner
@@ -31,35 +30,27 @@ TRAIN_KEYS = ("step", "reward", "pass_rate", "entropy", "kl", "tokens_per_s")
 
 
 @dataclass
-class VariantRow:
-    name: str
-    knobs: dict[str, Any]
-    summary: VariantSummary
-    metrics: VariantMetrics
-    cost_per_task: Estimate  # mean None when a call has no price (summary.unpriced_calls)
-    tokens_per_task: Estimate  # input + output tokens per rollout
-    error_rate: Estimate
-    pass_k_ci: tuple[float, float] | None
-    role: str = ""  # baseline, winner or ""
-    pareto: bool = False
-
-
-@dataclass
 class Section:
     """The variants measured on one split (or on all tasks of an eval)."""
 
     split: str | None
     label: str  # for sentences: "the val split", "all tasks"
-    rows: list[VariantRow]
+    rows: list[VariantMetrics]
     rollouts: dict[str, list[Rollout]]
     role: str = ""  # for headings: "search", "held-out confirmation"
+    roles: dict[str, str] = field(default_factory=dict)  # variant -> "baseline" or "winner"
+    front: set[str] = field(default_factory=set)  # the variants on the Pareto front
 
     @property
     def heading(self) -> str:
         return self.label + (f" ({self.role})" if self.role else "")
 
-    def row(self, name: str | None) -> VariantRow | None:
+    def row(self, name: str | None) -> VariantMetrics | None:
         return next((r for r in self.rows if r.name == name), None)
+
+    def role_of(self, name: str) -> str:
+        """The variant's part in the verdict: baseline, winner, or "" for neither."""
+        return self.roles.get(name, "")
 
 
 @dataclass
@@ -79,6 +70,7 @@ class RunData:
     usage: CallUsage
     latest: list[Rollout]
     study: dict[str, Any] | None
+    pass_threshold: float
     train_metrics: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -108,49 +100,19 @@ def _planned(manifest: dict[str, Any], hashes: dict[str, str]) -> dict[str, set[
     return {name: {f"{h}/{t}/{s}" for t in tasks for s in range(seeds)} for name, h in hashes.items()}
 
 
-def _cost_estimate(costs: list[float] | None, tasks: list[str]) -> Estimate:
-    """Mean cost (or tokens) per rollout with a task-resampled interval; none when a cost is unknown. Equal values
-    (a free local model) have a zero-width interval: bootstrap_mean would give 0/1 data a Wilson interval, which is
-    for proportions, not dollars."""
-    if not costs:
-        return Estimate(None, None, 0)
-    if min(costs) == max(costs):
-        return Estimate(costs[0], (costs[0], costs[0]), len(costs))
-    return bootstrap_mean(costs, tasks)
-
-
-def _row(name: str, rollouts: list[Rollout], planned: int, usage: CallUsage, knobs: dict[str, Any], k: int) -> VariantRow:
-    summary = summarize_variant(name, rollouts, planned, usage.totals, knobs, usage.uses)
-    finished = [r for r in rollouts if r.status.terminal]
-    metrics = measure(name, finished, usage.totals, k)
-    tasks = [r.task_id for r in finished]
-    cost = _cost_estimate(rollout_costs(finished, usage.totals), tasks)
-    none = CallTotals()
-    tokens = _cost_estimate([float(usage.totals.get(r.id, none).tokens) for r in finished], tasks)
-    bad = round((summary.error_rate or 0.0) * summary.finished)
-    error = Estimate(
-        summary.error_rate, wilson_interval(bad, summary.finished) if summary.finished else None, summary.finished
-    )
-    pass_ci = None
-    if metrics.pass_k is not None and metrics.pass_k_tasks:
-        pass_ci = wilson_interval(round(metrics.pass_k * metrics.pass_k_tasks), metrics.pass_k_tasks)
-    return VariantRow(name, knobs, summary, metrics, cost, tokens, error, pass_ci)
-
-
 def _section(split: str | None, label: str, grouped: dict[str, list[Rollout]], names: list[str],
              planned: dict[str, set[str]] | None, usage: CallUsage, knobs: dict[str, dict[str, Any]],
-             k: int, role: str = "") -> Section:
+             k: int, threshold: float, role: str = "") -> Section:
     rows = []
     for name in names:
         mine = grouped.get(name, [])
         if not mine and (planned is None or not planned.get(name)):
             continue
         count = len(planned[name]) if planned and name in planned else len(mine)
-        rows.append(_row(name, mine, count, usage, knobs.get(name, {}), k))
-    front = set(pareto_front([r.metrics for r in rows]))
-    for row in rows:
-        row.pareto = row.name in front
-    return Section(split, label, rows, {r.name: grouped.get(r.name, []) for r in rows}, role)
+        rows.append(measure(name, mine, usage.totals, planned=count, uses=usage.uses, knobs=knobs.get(name, {}), k=k,
+                            pass_threshold=threshold))
+    return Section(split, label, rows, {r.name: grouped.get(r.name, []) for r in rows}, role,
+                   front=set(pareto_front(rows)))
 
 
 def _group(rollouts: list[Rollout], split: str | None = None, keys: set[str] | None = None) -> dict[str, list[Rollout]]:
@@ -177,6 +139,7 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
     names = list(dict.fromkeys(listed + list(stored_variants) + [r.variant for r in latest]))
     knobs = {n: stored_variants.get(n, {}).get("knobs", {}) for n in names}
     seeds = int(manifest.get("seeds") or 1)
+    threshold = run_pass_threshold(run.path)
     baseline = names[0] if names else None
 
     sections: list[Section] = []
@@ -186,7 +149,8 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         for split, role in ((search, "search"), (confirm, "held-out confirmation")):
             grouped = _group(latest, split)
             if grouped:
-                sections.append(_section(split, f"the {split} split", grouped, names, None, usage, knobs, seeds, role))
+                sections.append(_section(split, f"the {split} split", grouped, names, None, usage, knobs, seeds,
+                                         threshold, role))
     else:
         hashes = {v["name"]: v["hash"] for v in manifest.get("variants", []) if isinstance(v, dict) and "hash" in v}
         planned = _planned(manifest, hashes) if manifest.get("task_ids") and hashes else None
@@ -195,7 +159,8 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         # A training run's own rollouts (the train split) are its curves; its verdict is on the held-out split.
         held_out = split if kind == "train" else None
         role = "held-out confirmation" if kind == "eval" and split in HELD_OUT_SPLITS else ""
-        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds, role))
+        sections.append(_section(split, label, _group(latest, held_out), names, planned, usage, knobs, seeds,
+                                 threshold, role))
     if not sections or not sections[0].rows:
         sections = [Section(None, "all tasks", [], {})] + [s for s in sections if s.rows]
 
@@ -220,14 +185,15 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         winner = choose_winner(primary.rows, candidates)
         comparison, comparison_section = candidates.get(winner or ""), primary
     for section in sections:
-        for row in section.rows:
-            row.role = "baseline" if row.name == baseline else "winner" if row.name == winner else ""
+        # The baseline keeps its role when it is also the winner (nothing to change).
+        section.roles = {name: role for name, role in ((winner, "winner"), (baseline, "baseline")) if name}
     flipped: list[Flip] = []
     if comparison_section is not None and baseline and winner and winner != baseline:
-        flipped = flips(comparison_section.rollouts.get(baseline, []), comparison_section.rollouts.get(winner, []))
+        flipped = flips(comparison_section.rollouts.get(baseline, []), comparison_section.rollouts.get(winner, []),
+                        threshold)
     return RunData(
         run=run, manifest=manifest, kind=kind, seeds=seeds, sections=sections, baseline=baseline, winner=winner,
         comparison=comparison, comparison_section=comparison_section, validation=validation, candidates=candidates,
-        flips=flipped, usage=usage, latest=latest, study=study,
+        flips=flipped, usage=usage, latest=latest, study=study, pass_threshold=threshold,
         train_metrics=train_metrics if train_metrics is not None else load_train_metrics(run, metrics_meta),
     )

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agl_cli.costs import latencies, paired_cost
-from agl_cli.optimize.objectives import PASS_THRESHOLD, scores_of
+from agl_cli.metrics.run import scores_of
+from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.paired import BETTER, compare_many, difference
+from rl_backend.rewards import passed
 from rl_backend.store.records import CallTotals, Rollout
 
-if TYPE_CHECKING:
-    from agl_cli.report.collect import VariantRow
 
 def paired_docs(baseline: list[Rollout], candidates: Mapping[str, list[Rollout]],
                 totals: Mapping[str, CallTotals]) -> dict[str, dict[str, Any]]:
@@ -37,17 +37,17 @@ def paired_docs(baseline: list[Rollout], candidates: Mapping[str, list[Rollout]]
     return docs
 
 
-def choose_winner(rows: Sequence[VariantRow], docs: Mapping[str, dict[str, Any]]) -> str | None:
+def choose_winner(rows: Sequence[VariantMetrics], docs: Mapping[str, dict[str, Any]]) -> str | None:
     """The most accurate candidate judged better than the baseline; if none is, the most accurate candidate
     (the verdict then says no detectable difference). Ties go to the cheaper."""
-    measured = [r for r in rows if r.name in docs and r.summary.accuracy.mean is not None]
+    measured = [r for r in rows if r.name in docs and r.accuracy.mean is not None]
     if not measured:
         return None
     better = [r for r in measured if docs[r.name]["verdict"] == BETTER]
 
-    def rank(r: VariantRow) -> tuple[float, float]:
+    def rank(r: VariantMetrics) -> tuple[float, float]:
         cost = r.cost_per_task.mean
-        return (r.summary.accuracy.mean or 0.0, float("-inf") if cost is None else -cost)
+        return (r.accuracy.mean or 0.0, float("-inf") if cost is None else -cost)
 
     return max(better or measured, key=rank).name
 
@@ -59,7 +59,7 @@ class Flip:
     task_id: str
     baseline_mean: float
     winner_mean: float
-    baseline_passed: int
+    baseline_passed: int  # seeds whose reward passed (rl_backend.rewards)
     winner_passed: int
     seeds: list[int]
     baseline_ids: list[str] = field(default_factory=list)
@@ -70,7 +70,7 @@ class Flip:
         return "gained" if self.winner_mean > self.baseline_mean else "lost"
 
 
-def flips(baseline: list[Rollout], winner: list[Rollout]) -> list[Flip]:
+def flips(baseline: list[Rollout], winner: list[Rollout], pass_threshold: float) -> list[Flip]:
     """Gained tasks first, then lost ones, each by the size of the change."""
     def by_task(rollouts: list[Rollout]) -> dict[str, dict[int, Rollout]]:
         grouped: dict[str, dict[int, Rollout]] = defaultdict(dict)
@@ -91,8 +91,8 @@ def flips(baseline: list[Rollout], winner: list[Rollout]) -> list[Flip]:
             continue
         result.append(Flip(
             task_id=task, baseline_mean=mean_a, winner_mean=mean_b,
-            baseline_passed=sum(1 for r in ra if (r.reward or 0.0) >= PASS_THRESHOLD),
-            winner_passed=sum(1 for r in rb if (r.reward or 0.0) >= PASS_THRESHOLD),
+            baseline_passed=sum(1 for r in ra if passed(r.reward or 0.0, pass_threshold)),
+            winner_passed=sum(1 for r in rb if passed(r.reward or 0.0, pass_threshold)),
             seeds=seeds, baseline_ids=[r.id for r in ra], winner_ids=[r.id for r in rb],
         ))
     result.sort(key=lambda f: (f.direction != "gained", -abs(f.winner_mean - f.baseline_mean), f.task_id))

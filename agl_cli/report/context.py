@@ -11,23 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.costs import cost_unknown_reason, unpriced_text
+from agl_cli.costs import cost_unknown_reason
+from agl_cli.metrics.fmt import count, pct, plural, points, seconds, unpriced_text, usd
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
 from agl_cli.report.collect import RunData, Section
-from agl_cli.report.fmt import (
-    anchor,
-    count,
-    pct,
-    plural,
-    points,
-    reason_label,
-    rich_html,
-    rich_md,
-    rich_plain,
-    seconds,
-    usd,
-)
+from agl_cli.report.markup import anchor, reason_label, rich_html, rich_md, rich_plain
 from agl_cli.report.transcripts import Transcript, clip, last_reply, transcript
 from agl_cli.report.verdict import TESTS, notes, verdict
 
@@ -56,7 +45,7 @@ def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Cell | st
     return Table(title, [c for c, _ in columns], cells, [a for _, a in columns], note)
 
 
-def _variant_table(section: Section, seeds: int, study_rows: dict[str, dict[str, Any]]) -> Table:
+def _variant_table(section: Section, seeds: int, threshold: float, study_rows: dict[str, dict[str, Any]]) -> Table:
     k = seeds
     columns = [("variant", "l"), ("role", "l"), ("n", "r"), ("accuracy [95% CI]", "r")]
     if k > 1:
@@ -68,24 +57,24 @@ def _variant_table(section: Section, seeds: int, study_rows: dict[str, dict[str,
         columns.append(("search", "l"))
     rows: list[list[Cell | str]] = []
     for r in section.rows:
-        s = r.summary
-        row: list[Cell | str] = [r.name, r.role, str(s.accuracy.n), pct(s.accuracy.mean, s.accuracy.ci95)]
+        row: list[Cell | str] = [r.name, section.role_of(r.name), str(r.accuracy.n), pct(r.accuracy.mean, r.accuracy.ci95)]
         if k > 1:
-            tasks = r.metrics.pass_k_tasks
-            row.append(pct(r.metrics.pass_k, r.pass_k_ci) + (f" (n={tasks})" if tasks else ""))
-        unknown = f"— ({unpriced_text(s.unpriced_calls)})" if s.unpriced_calls else None
-        row += [unknown or usd(r.cost_per_task.mean, r.cost_per_task.ci95), unknown or usd(s.cost_usd),
-                f"{seconds(s.latency_p50)} / {seconds(s.latency_p95)}", pct(s.error_rate, r.error_rate.ci95),
-                f"{s.missing} of {s.planned}", f"{count(s.input_tokens)} / {count(s.output_tokens)}",
-                s.served.label(), "yes" if r.pareto else ""]
+            tasks = r.pass_k.n
+            row.append(pct(r.pass_k.mean, r.pass_k.ci95) + (f" (n={tasks})" if tasks else ""))
+        unpriced = r.unpriced_calls
+        row += [usd(r.cost_per_task.mean, r.cost_per_task.ci95, unpriced_calls=unpriced),
+                usd(r.cost_usd, unpriced_calls=unpriced),
+                f"{seconds(r.latency_p50)} / {seconds(r.latency_p95)}", pct(r.error_rate.mean, r.error_rate.ci95),
+                f"{r.missing} of {r.planned}", f"{count(r.input_tokens)} / {count(r.output_tokens)}",
+                r.served.label(), "yes" if r.name in section.front else ""]
         if study_rows:
             info = study_rows.get(r.name, {})
             dropped = info.get("dropped")
             row.append(f"dropped in round {dropped['round']}" if dropped else info.get("status", ""))
         rows.append(row)
     note = ("n counts scored rollouts; intervals resample tasks. pass^k is the share of tasks whose k seeds all "
-            "scored at least 0.5." if k > 1 else "n counts scored rollouts; intervals resample tasks.")
-    if any(r.summary.unpriced_calls for r in section.rows):
+            f"scored at least {threshold:g}." if k > 1 else "n counts scored rollouts; intervals resample tasks.")
+    if any(r.unpriced_calls for r in section.rows):
         note += (" A cost of — is unknown: some calls have no price (declare it under `prices:` in agl.yaml); "
                  "such variants are left out of cost comparisons.")
     return _table(f"Variants on {section.heading}", columns, rows, note)
@@ -187,7 +176,8 @@ def _failure_tables(data: RunData, included: set[str], replies: dict[str, str | 
     if not rows:
         return None, []
     reasons = fail.reason_columns(rows)
-    columns = [("variant", "l"), ("planned", "r"), ("scored", "r"), ("wrong (<0.5)", "r"), ("no reward", "r")]
+    columns = [("variant", "l"), ("planned", "r"), ("scored", "r"), (f"wrong (<{data.pass_threshold:g})", "r"),
+               ("no reward", "r")]
     columns += [(reason_label(r), "r") for r in reasons] + [("failed model calls", "r")]
     table_rows: list[list[Cell | str]] = [
         [r.variant, str(r.planned), str(r.scored), str(r.wrong), str(r.missing), *(str(r.reasons.get(x, 0)) for x in reasons),
@@ -285,7 +275,8 @@ def build(data: RunData) -> dict[str, Any]:
         "notes": notes(data),
         "pareto_plots": pareto,
         "distribution_plots": plots.distributions(data.primary) if len(data.primary.rows) <= 1 or not pareto else [],
-        "variant_tables": [_variant_table(s, data.seeds, study_rows) for s in data.sections if s.rows],
+        "variant_tables": [_variant_table(s, data.seeds, data.pass_threshold, study_rows) for s in data.sections
+                           if s.rows],
         "knob_table": _knob_table(data),
         "reflect_table": _reflect_table(data),
         "comparison_table": _comparison_rows(data),

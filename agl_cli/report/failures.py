@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from agl_cli.report.collect import RunData
+from rl_backend.rewards import passed
 from rl_backend.store.records import Rollout
 
 EXAMPLES_PER_REASON = 2
@@ -55,23 +56,22 @@ def breakdown(data: RunData) -> tuple[list[FailureRow], list[Example]]:
     for section in data.sections:
         for vrow in section.rows:
             row = rows.setdefault(vrow.name, FailureRow(vrow.name))
-            s = vrow.summary
-            row.planned += s.planned
-            row.scored += s.accuracy.n
-            row.reasons.update(s.missing_reasons)
+            row.planned += vrow.planned
+            row.scored += vrow.accuracy.n
+            row.wrong += vrow.wrong
+            row.reasons.update(vrow.missing_reasons)
             for r in section.rollouts.get(vrow.name, []):
                 failed = data.usage.failed_calls.get(r.id, 0)
                 row.failed_calls += failed
                 row.rollouts_with_failed_calls += 1 if failed else 0
-                if r.reward is not None and r.reward < 0.5:
-                    row.wrong += 1
+                if r.reward is not None and not passed(r.reward, data.pass_threshold):
                     reason = "wrong answer"
                 elif r.reward is None and r.status.terminal:
                     reason = r.failure.value if r.failure else "unknown"
                 else:
                     continue
                 limit = WRONG_EXAMPLES if reason == "wrong answer" else EXAMPLES_PER_REASON
-                if reason == "wrong answer" and vrow.role == "" and len(section.rows) > 1:
+                if reason == "wrong answer" and section.role_of(vrow.name) == "" and len(section.rows) > 1:
                     continue  # wrong answers are shown for the baseline and the winner only; the counts have all
                 if seen[(vrow.name, reason)] < limit:
                     seen[(vrow.name, reason)] += 1

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from agl_cli.errors import UsageError
-from agl_cli.optimize.objectives import scores_of
+from agl_cli.metrics.fmt import pct, points
+from agl_cli.metrics.run import scores_of
 from agl_cli.paired import ALPHA, WORSE, binomial_two_sided, compare_many, holm
 from agl_cli.rundir import RunDir, find_run
 from rl_backend.store.records import Rollout
@@ -86,10 +87,8 @@ def regression_verdict(baseline_run: RunRef, new_run: RunRef) -> tuple[bool, str
         if c.n_pairs == 0:
             lines.append(f"{label}: no scored pair shared with the baseline run")
             continue
-        diff = c.difference or 0.0
-        interval = f" [{100 * c.ci95[0]:+.1f}, {100 * c.ci95[1]:+.1f}]" if c.ci95 else ""
-        lines.append(f"{label}: {c.verdict}, accuracy {100 * diff:+.1f} points{interval} over {c.n_tasks} tasks "
-                     f"({100 * (c.mean_b or 0):.1f}% vs {100 * (c.mean_a or 0):.1f}%, p={c.p_adjusted:.3g})")
+        lines.append(f"{label}: {c.verdict}, accuracy {points(c.difference or 0.0, c.ci95)} over {c.n_tasks} tasks "
+                     f"({pct(c.mean_b or 0)} vs {pct(c.mean_a or 0)}, p={c.p_adjusted:.3g})")
         if c.verdict == WORSE:
             regression = True
         n_lost, n_gained, _ = lost[name]

@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agl_cli.costs import unpriced_text
+from agl_cli.metrics.fmt import pct, unpriced_text
+from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.report import svg
-from agl_cli.report.collect import RunData, Section, VariantRow
+from agl_cli.report.collect import RunData, Section
 
 TRAIN_CURVES = {  # key -> (title, axis label, as percent)
     "reward": ("Mean reward per step", "mean reward", False),
@@ -39,7 +40,7 @@ class Plot:
 
 
 def _pct_axis(v: float) -> str:
-    return f"{100 * v:.0f}%"
+    return pct(v, digits=0)
 
 
 def _short(v: float) -> str:
@@ -53,15 +54,15 @@ def _usd_axis(v: float) -> str:
 
 
 def pareto(section: Section) -> list[Plot]:
-    rows = [r for r in section.rows if r.summary.accuracy.mean is not None]
+    rows = [r for r in section.rows if r.accuracy.mean is not None]
     if len(rows) < 2:
         return []
     many = len(rows) > LABEL_ALL_UNDER
-    crowded_front = sum(1 for r in rows if r.pareto) > LABEL_ALL_UNDER // 2
+    crowded_front = sum(1 for r in rows if r.name in section.front) > LABEL_ALL_UNDER // 2
 
-    def point(row: VariantRow, x: float, x_ci: tuple[float, float] | None) -> svg.Point:
-        role = row.role or ("front" if row.pareto else "")
-        acc = row.summary.accuracy
+    def point(row: VariantMetrics, x: float, x_ci: tuple[float, float] | None) -> svg.Point:
+        role = section.role_of(row.name) or ("front" if row.name in section.front else "")
+        acc = row.accuracy
         return svg.Point(x=x, y=acc.mean or 0.0, label=row.name, role=role, y_ci=acc.ci95, x_ci=x_ci,
                          show_label=not many or role in ("baseline", "winner") or (role == "front" and not crowded_front))
 
@@ -73,10 +74,10 @@ def pareto(section: Section) -> list[Plot]:
 
     legend = ("The baseline is the square, the winner the diamond; filled dots are on the Pareto front (no other "
               "variant is at least as good on accuracy, cost, p95 latency and pass^k, and better on one).")
-    priced = [r for r in rows if not r.summary.unpriced_calls and r.cost_per_task.mean is not None]
-    unknown = [r for r in rows if r.summary.unpriced_calls]
+    priced = [r for r in rows if not r.unpriced_calls and r.cost_per_task.mean is not None]
+    unknown = [r for r in rows if r.unpriced_calls]
     left_out = ("" if not unknown else " Left out, their cost unknown: " + ", ".join(
-        f"{r.name} ({unpriced_text(r.summary.unpriced_calls)})" for r in unknown) + ".")
+        f"{r.name} ({unpriced_text(r.unpriced_calls)})" for r in unknown) + ".")
     if len(priced) >= 2 and any((r.cost_per_task.mean or 0.0) > 0 for r in priced):
         title = f"Accuracy vs cost per task — {section.heading}"
         plot = Plot(
@@ -97,9 +98,9 @@ def pareto(section: Section) -> list[Plot]:
                   "tokens per task (input + output)", _short),
         )
     plots = [plot]
-    timed = [r for r in rows if r.metrics.latency_p95 is not None]
+    timed = [r for r in rows if r.latency_p95 is not None]
     if len(timed) >= 2:
-        latency_points = [point(r, r.metrics.latency_p95 or 0.0, None) for r in timed]
+        latency_points = [point(r, r.latency_p95 or 0.0, None) for r in timed]
         plots.append(Plot(
             "pareto_latency", f"Accuracy vs p95 latency — {section.heading}",
             "Latency is the 95th percentile of a rollout's wall time; bars are 95% intervals of accuracy.",

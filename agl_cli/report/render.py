@@ -13,7 +13,7 @@ import jinja2
 
 from agl_cli.errors import UsageError
 from agl_cli.report.context import Table
-from agl_cli.report.fmt import fence, md_escape
+from agl_cli.report.markup import fence, md_escape
 from agl_cli.rundir import RunDir
 from agl_cli.templates import templates_dir
 

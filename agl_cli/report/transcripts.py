@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl_cli.metrics.fmt import count, seconds, usd
 from agl_cli.report.redact import scrub, scrub_text
 from rl_backend.store.records import CallRecord, Rollout
 
@@ -190,9 +191,8 @@ def call_views(calls: list[CallRecord]) -> list[CallView]:
         status = "ok" if call.error is None and (call.status_code or 200) < 400 else f"failed ({call.status_code})"
         views.append(CallView(
             index=index, api=api, model=call.model or call.request_model or "?", status=status,
-            tokens=f"{call.input_tokens or 0:,} in / {call.output_tokens or 0:,} out",
-            latency="—" if call.latency_s is None else f"{call.latency_s:.2f}s",
-            cost="—" if call.cost_usd is None else f"${call.cost_usd:.6f}",
+            tokens=f"{count(call.input_tokens or 0)} in / {count(call.output_tokens or 0)} out",
+            latency=seconds(call.latency_s), cost=usd(call.cost_usd),
             earlier=earlier, turns=[Turn(t.role, clip(t.text)) for t in fresh],
         ))
         shown = asked + answered
@@ -207,7 +207,7 @@ def transcript(rollout: Rollout, calls: list[CallRecord], anchor: str) -> Transc
         ("attempt", str(rollout.attempt)), ("status", rollout.status.value),
         ("reward", f"{reward} ({rollout.reward_source.value})"),
         ("failure", rollout.failure.value if rollout.failure else "—"),
-        ("duration", "—" if duration is None else f"{duration:.2f}s"), ("model calls", str(len(calls))),
+        ("duration", seconds(duration)), ("model calls", str(len(calls))),
     ]
     grader = _json(scrub(rollout.grader_detail)) if rollout.grader_detail else None
     return Transcript(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agl_cli.costs import cost_unknown_reason, unpriced_text
+from agl_cli.costs import cost_unknown_reason
+from agl_cli.metrics.fmt import pct, plural, points, seconds, unpriced_text, usd
+from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.paired import BETTER, WORSE
-from agl_cli.report.collect import RunData, Section, VariantRow
-from agl_cli.report.fmt import Rich, pct, plural, points, reason_label, seconds, usd
+from agl_cli.report.collect import RunData, Section
+from agl_cli.report.markup import Rich, reason_label
 
 TESTS = {"mcnemar_exact": "McNemar exact test", "sign_test": "sign test", "none": "no test"}
 
@@ -27,35 +29,33 @@ def _reasons(reasons: dict[str, int]) -> str:
     return ", ".join(f"{reason_label(k)} {v}" for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _per_task(row: VariantRow) -> str:
-    if row.summary.unpriced_calls:
-        return f"at an unknown cost per task ({unpriced_text(row.summary.unpriced_calls)})"
+def _per_task(row: VariantMetrics) -> str:
+    if row.unpriced_calls:
+        return f"at an unknown cost per task ({unpriced_text(row.unpriced_calls)})"
     return f"at {usd(row.cost_per_task.mean, row.cost_per_task.ci95)} per task"
 
 
-def _single(row: VariantRow, section: Section) -> Rich:
-    s = row.summary
-    if s.accuracy.n == 0:
+def _single(row: VariantMetrics, section: Section) -> Rich:
+    if row.accuracy.n == 0:
         return [("No rollout of ", False), (row.name, True), (" produced a reward", False),
-                (f" ({s.planned} planned, {s.finished} finished; {_reasons(s.missing_reasons) or 'none ran'}). ",
+                (f" ({row.planned} planned, {row.finished} finished; {_reasons(row.missing_reasons) or 'none ran'}). ",
                  False), ("Nothing can be said about its accuracy until the failures below are fixed.", False)]
     tasks = len({r.task_id for r in section.rollouts.get(row.name, []) if r.reward is not None})
-    rollouts = section.rollouts.get(row.name, [])
-    wrong = sum(1 for r in rollouts if r.reward is not None and r.reward < 0.5)
     pieces: Rich = [
-        (row.name, True), (" scored ", False), (pct(s.accuracy.mean, s.accuracy.ci95), True),
-        (f" (95% interval) on {section.label} (n = {s.accuracy.n} scored rollouts over {plural(tasks, 'task')}), "
+        (row.name, True), (" scored ", False), (pct(row.accuracy.mean, row.accuracy.ci95), True),
+        (f" (95% interval) on {section.label} (n = {row.accuracy.n} scored rollouts over {plural(tasks, 'task')}), "
          f"{_per_task(row)}", False),
     ]
-    if row.metrics.pass_k is not None and row.metrics.k > 1:
-        pieces.append((f"; pass^{row.metrics.k} {pct(row.metrics.pass_k, row.pass_k_ci)}", False))
-    pieces.append((f". Of {s.finished} finished rollouts, {wrong} got a reward below 0.5", False))
-    if s.missing:
-        pieces.append((f" and {s.missing} of {s.planned} planned have no reward ({_reasons(s.missing_reasons)})", False))
+    if row.pass_k.mean is not None and row.k > 1:
+        pieces.append((f"; pass^{row.k} {pct(row.pass_k.mean, row.pass_k.ci95)}", False))
+    pieces.append((f". Of {row.finished} finished rollouts, {row.wrong} got a reward below {row.pass_threshold:g}", False))
+    if row.missing:
+        pieces.append((f" and {row.missing} of {row.planned} planned have no reward ({_reasons(row.missing_reasons)})",
+                       False))
     else:
         pieces.append((", and every planned rollout has a reward", False))
-    if s.error_rate:
-        pieces.append((f"; agent errors and timeouts: {pct(s.error_rate, row.error_rate.ci95)}", False))
+    if row.error_rate.mean:
+        pieces.append((f"; agent errors and timeouts: {pct(row.error_rate.mean, row.error_rate.ci95)}", False))
     pieces.append((".", False))
     return pieces
 
@@ -65,7 +65,7 @@ def _the_baseline(name: str) -> Rich:
     return [("the baseline", False)] if name == "baseline" else [("the baseline ", False), (name, True)]
 
 
-def _costs(doc: dict[str, Any], base: VariantRow | None, win: VariantRow | None) -> str:
+def _costs(doc: dict[str, Any], base: VariantMetrics | None, win: VariantMetrics | None) -> str:
     if base is None or win is None:
         return ""
     parts = []
@@ -80,8 +80,8 @@ def _costs(doc: dict[str, Any], base: VariantRow | None, win: VariantRow | None)
         parts.append(text)
     else:
         parts.append("no model cost recorded")
-    if win.metrics.latency_p95 is not None and base.metrics.latency_p95 is not None:
-        parts.append(f"p95 latency {seconds(win.metrics.latency_p95)} vs {seconds(base.metrics.latency_p95)}")
+    if win.latency_p95 is not None and base.latency_p95 is not None:
+        parts.append(f"p95 latency {seconds(win.latency_p95)} vs {seconds(base.latency_p95)}")
     return "; ".join(parts)
 
 
@@ -159,8 +159,8 @@ def notes(data: RunData) -> list[str]:
             out.append("the winner was picked as the best of several on these same tasks, which flatters its gain; "
                        "confirm it on held-out tasks (agl optimize does)")
     rows = [r for s in data.sections for r in s.rows]
-    out += list(dict.fromkeys(line for r in rows for line in r.summary.model_warnings))
-    unpriced = list(dict.fromkeys(r.name for r in rows if r.summary.unpriced_calls))
+    out += list(dict.fromkeys(line for r in rows for line in r.model_warnings))
+    unpriced = list(dict.fromkeys(r.name for r in rows if r.unpriced_calls))
     if unpriced:
         out.append(f"the cost of {', '.join(unpriced)} is unknown ({unpriced_text(data.usage.unpriced_calls)}): "
                    "it is left out of cost intervals, plots and comparisons; declare the model's price under "

@@ -26,6 +26,8 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 from rl_backend.gateway.fake.procs import register, spawn_fast_fake, spawn_gateway  # noqa: E402
 
+GATEWAY_SERVE = [sys.executable, "-m", "agl_cli", "gateway", "serve"]
+
 PHASES = [  # (concurrency, stream)
     (1, False),
     (1, True),
@@ -96,7 +98,7 @@ def main() -> None:
             gateway = {"name": "gateway", "url": args.gateway_url, "key": args.gateway_key}
             pid = args.gateway_pid
         else:
-            gw = spawn_gateway(upstream_url, Path(tmp.name) / "store.sqlite", admin_token="bench")
+            gw = spawn_gateway(GATEWAY_SERVE, upstream_url, Path(tmp.name) / "store.sqlite", admin_token="bench")
             reg = register(gw.url, "bench", "bench")
             gateway = {"name": "gateway", "url": reg["openai_base_url"], "key": reg["token"]}
             pid = gw.pid

@@ -38,6 +38,8 @@ from bench_overhead import cpu_s, loadgen  # noqa: E402
 
 from rl_backend.gateway.fake.procs import register, spawn_fast_fake, spawn_gateway  # noqa: E402
 
+GATEWAY_SERVE = [sys.executable, "-m", "agl_cli", "gateway", "serve"]
+
 MODEL = "tiny"
 
 
@@ -111,7 +113,7 @@ def main() -> None:
     gw = None
     al = None
     try:
-        gw = spawn_gateway(fake.url, Path(tmp.name) / "agl.sqlite", admin_token="bench")
+        gw = spawn_gateway(GATEWAY_SERVE, fake.url, Path(tmp.name) / "agl.sqlite", admin_token="bench")
         reg = register(gw.url, "bench", "bench")
         al, al_url, al_version = start_agentlightning(args.al_python, fake.url, Path(tmp.name))
         targets = [

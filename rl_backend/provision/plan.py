@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 from rl_backend.provision.options import (
@@ -34,6 +33,7 @@ from rl_backend.provision.options import (
     SecretRef,
 )
 from rl_backend.provision.target import PROJECT_DIR, SPEC_FILE, CarriedFiles
+from rl_backend.version import installed_version
 
 DEFAULT_REGISTRY = "ghcr.io/agl-dev"
 UID = 10001  # the non-root user of both images (docker/*.Dockerfile)
@@ -93,16 +93,9 @@ def choose_topology(options: ProvisionOptions, rayjob_installed: bool | None) ->
     return Topology(kind, nodes, per_node, why)
 
 
-def agl_version() -> str:
-    try:
-        return version("agl")
-    except PackageNotFoundError:
-        return "0.1.0"
-
-
 def default_images() -> tuple[str, str]:
     """(runtime, trainer): the tags docker/README.md documents, at agl's own version."""
-    tag = agl_version()
+    tag = installed_version()
     return f"{DEFAULT_REGISTRY}/agl-runtime:{tag}", f"{DEFAULT_REGISTRY}/agl-trainer:{tag}"
 
 

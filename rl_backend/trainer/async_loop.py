@@ -1,7 +1,8 @@
 """The collocated-async loop: rollouts keep running while the policy trains on the groups that finished.
 
-A `RolloutSource` keeps a steady number of rollouts in flight, launched group by group (one GRPO group: the same task
-`group_size` times), and hands over groups only once every rollout of the group has finished. Each update:
+A `RolloutSource` (interfaces.py) keeps a steady number of rollouts in flight, launched group by group (one GRPO
+group: the same task `group_size` times), and hands over groups only once every rollout of the group has finished.
+Each update:
 
   1. take complete groups, the oldest first (later ones carry over to the next update), dropping the rollouts that
      are too stale: a rollout is `staleness` updates old when its oldest call was served by model version
@@ -14,7 +15,7 @@ A `RolloutSource` keeps a steady number of rollouts in flight, launched group by
 
 Rollouts that were in flight during the update carry on afterwards on the new weights: their earlier calls keep the
 version that served them, so the PPO ratio uses the right old logprobs and the staleness check sees them. Pure
-Python here: the source and the gate are protocols (agl_cli/train_async.py has the real ones).
+Python here: the source and the gate are protocols (interfaces.py; agl_cli/train_async.py fills them in).
 """
 
 from __future__ import annotations
@@ -23,42 +24,14 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from rl_backend.store.db import RunStore
 from rl_backend.trainer.curves import StepRecord
+from rl_backend.trainer.interfaces import Gate, RolloutGroup, RolloutSource
 from rl_backend.trainer.loop import TrainingLoop, version_step
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RolloutGroup:
-    """One GRPO group whose rollouts have all finished (successfully or not)."""
-
-    key: str
-    rollout_ids: tuple[str, ...]
-
-
-class RolloutSource(Protocol):
-    def start(self) -> None:
-        """Begin launching rollouts; they run until stop()."""
-
-    def next_groups(self, count: int, timeout_s: float | None) -> list[RolloutGroup]:
-        """Block until `count` complete groups are in and hand over the oldest `count` (each exactly once)."""
-
-    def stop(self) -> None:
-        """Cancel what is in flight and stop launching."""
-
-
-class Gate(Protocol):
-    """What the loop needs from the gateway: a pause that drains calls in flight, and a resume."""
-
-    def pause(self) -> dict[str, Any]:
-        """Stop admitting model calls and wait for those in flight; returns what happened (drained, seconds)."""
-
-    def resume(self, model_version: str) -> dict[str, Any]:
-        """Admit calls again (now served by `model_version`); returns what happened during the pause."""
 
 
 @dataclass(frozen=True)

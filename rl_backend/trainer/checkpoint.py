@@ -10,7 +10,9 @@ A checkpoint directory:
     optimizer.pt        the optimizer's state
     trainer_state.json  step, TrainerConfig, base model path, whatever the loop adds (model version, metrics)
 
-Written to `<dir>.tmp` and renamed, so a crash never leaves a half checkpoint under the final name.
+Written to `<dir>.tmp` and renamed, so a crash never leaves a half checkpoint under the final name. This module knows
+the layout only: it writes from, and reads back into, whatever has a trainer's parts (`TrainerParts`); the torch
+trainer (torch_backend.py) assembles itself from what `load_weights` and `restore_optimizer` return.
 """
 
 from __future__ import annotations
@@ -19,20 +21,46 @@ import contextlib
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from rl_backend.serving.model_store import quiet_progress
 
-if TYPE_CHECKING:
-    from rl_backend.trainer.torch_backend import TorchTrainer
-
 FORMAT = 1
 
 
-def _is_peft(model: Any) -> bool:
+class TrainerParts(Protocol):
+    """What a checkpoint holds of a trainer (TorchTrainer has it); read only."""
+
+    @property
+    def model(self) -> Any: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def reference(self) -> Any: ...  # the frozen KL reference of full fine-tuning, or None
+    @property
+    def base_model_path(self) -> str | None: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def config(self) -> Any: ...  # with to_dict()
+
+
+@dataclass
+class LoadedWeights:
+    """A checkpoint's models, before a trainer is built around them."""
+
+    model: Any
+    tokenizer: Any
+    reference: Any
+
+
+def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
 
@@ -57,13 +85,10 @@ def _base_state_dict(model: Any, *, merged: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def serving_state_dict(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
+def serving_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """Weights for `Engine.load_state_dict`. For full fine-tuning they share memory with the live weights: hand them
     over before the next train_step (the engine copies them before it returns)."""
-    if _is_peft(trainer.model):
-        sd = _base_state_dict(trainer.model, merged=True)
-    else:
-        sd = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+    sd = _base_state_dict(model, merged=True) if is_peft(model) else {k: v.detach() for k, v in model.state_dict().items()}
     return {k: v.to("cpu") for k, v in sd.items()}
 
 
@@ -78,14 +103,14 @@ def _save_hf(model: Any, state_dict: dict[str, torch.Tensor] | None, folder: Pat
         tokenizer.save_pretrained(str(folder))
 
 
-def save_checkpoint(trainer: TorchTrainer, directory: Path, extra: dict[str, Any]) -> Path:
+def save_checkpoint(trainer: TrainerParts, directory: Path, extra: dict[str, Any]) -> Path:
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    lora = _is_peft(trainer.model)
+    lora = is_peft(trainer.model)
     if lora:
         base = trainer.model.get_base_model()
-        _save_hf(base, serving_state_dict(trainer), tmp / "model", trainer.tokenizer)
+        _save_hf(base, serving_state_dict(trainer.model), tmp / "model", trainer.tokenizer)
         trainer.model.save_pretrained(str(tmp / "adapter"))
         if trainer.base_model_path is None:
             _save_hf(base, _base_state_dict(trainer.model, merged=False), tmp / "initial", None)
@@ -120,15 +145,11 @@ def read_state(directory: Path) -> dict[str, Any]:
     return state
 
 
-def load_checkpoint(cls: type[TorchTrainer], directory: Path, config: Any = None) -> TorchTrainer:
-    """A trainer that continues exactly where the checkpoint left off (weights, optimizer moments, step)."""
+def load_weights(directory: Path, state: dict[str, Any], *, dtype: torch.dtype, kl_reference: bool) -> LoadedWeights:
+    """The model a checkpoint continues from (LoRA: its base with the adapter, trainable), its tokenizer, and — for
+    full fine-tuning with `kl_reference` — the frozen initial weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl_backend.trainer.torch_backend import TrainerConfig, _dtype
-
-    state = read_state(directory)
-    cfg = config or TrainerConfig.from_dict(state["config"])
-    dtype = _dtype(cfg.dtype)
     initial = directory / "initial"
     start_path = str(initial) if initial.is_dir() else state.get("base_model_path")
     reference = None
@@ -142,19 +163,17 @@ def load_checkpoint(cls: type[TorchTrainer], directory: Path, config: Any = None
         model = PeftModel.from_pretrained(base, str(directory / "adapter"), is_trainable=True)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(directory / "model"), dtype=dtype)
-        if cfg.loss.kl_coef > 0:
+        if kl_reference:
             if start_path is None:
                 raise ValueError(f"{directory}: KL needs the initial weights, and the checkpoint has no path to them")
             reference = AutoModelForCausalLM.from_pretrained(start_path, dtype=dtype).eval().requires_grad_(False)
     tokenizer = None
     with contextlib.suppress(Exception):
         tokenizer = AutoTokenizer.from_pretrained(str(directory / "model"))
-    trainer = cls(model, cfg, tokenizer=tokenizer, base_model_path=state.get("base_model_path"), reference=reference)
-    if reference is not None:
-        trainer.reference = reference.to(trainer.device)
-    saved = torch.load(directory / "optimizer.pt", map_location=trainer.device, weights_only=True)
-    trainer.optimizer.load_state_dict(saved["optimizer"])
-    for group in trainer.optimizer.param_groups:  # the moments resume; the hyperparameters are the config's
-        group.update(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    trainer.step = int(state["step"])
-    return trainer
+    return LoadedWeights(model, tokenizer, reference)
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, directory: Path, device: torch.device) -> None:
+    """The optimizer's saved moments, onto `device`."""
+    saved = torch.load(directory / "optimizer.pt", map_location=device, weights_only=True)
+    optimizer.load_state_dict(saved["optimizer"])

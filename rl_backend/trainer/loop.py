@@ -1,11 +1,12 @@
 """The synchronous training loop: run a batch of rollouts, train once on it, serve the new weights, record, repeat.
 
 Each iteration:
-  1. `run_batch(iteration)` runs tasks × group size rollouts through the gateway (the agent unchanged) and returns
-     their ids once all have finished; their calls (token ids, logprobs, model version) are in the run store.
+  1. `run_batch(iteration)` (a BatchRollouts, interfaces.py) runs tasks × group size rollouts through the gateway
+     (the agent unchanged) and returns their ids once all have finished; their calls (token ids, logprobs, model
+     version) are in the run store.
   2. trajectories on exact token ids (trajectory.py), GRPO advantages per rollout (advantage.py),
-  3. one policy update (torch_backend.py; rollout-normalized loss by default),
-  4. the new weights go to the serving engine (`load_state_dict(state_dict, version)`) as version `step-<n>`, so the
+  3. one policy update by the PolicyTrainer (torch_backend.py or verl's; rollout-normalized loss by default),
+  4. the new weights go to the WeightSink (`load_state_dict(state_dict, version)`) as version `step-<n>`, so the
      next batch samples from them,
   5. a checkpoint (kept: the last `keep_checkpoints`) and one `train_steps` row in the store (curves.py).
 Steps 2-5 are `TrainingLoop.train_on(rollout_ids)`, which the collocated-async loop (async_loop.py) shares.
@@ -28,35 +29,25 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from rl_backend.rewards import DEFAULT_PASS_THRESHOLD, passed
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 from rl_backend.trainer.advantage import Singletons, grpo_advantages
 from rl_backend.trainer.batch import make_batch
 from rl_backend.trainer.curves import StepRecord, read_curve, record_step
+from rl_backend.trainer.interfaces import BatchRollouts, PolicyTrainer, WeightSink
 from rl_backend.trainer.trajectory import MergeMode, RolloutTrajectory, default_group, trajectories_from_store
 
 log = logging.getLogger(__name__)
-
-RunBatch = Callable[[int], Sequence[str]]  # iteration -> ids of finished rollouts, their calls in the store
-
-
-class WeightSink(Protocol):
-    """What the loop needs from the serving engine (rl_backend.serving.engine.Engine has it)."""
-
-    @property
-    def model_version(self) -> str: ...
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], version: str, timeout_s: float | None = None) -> None: ...
-
 
 @dataclass(frozen=True)
 class LoopConfig:
     iterations: int = 10
     checkpoint_dir: Path | None = None
     keep_checkpoints: int = 2
-    pass_threshold: float = 1.0  # a rollout passes when its reward is at least this
+    pass_threshold: float = DEFAULT_PASS_THRESHOLD  # agl.yaml's: a rollout passes at a reward of at least this
     merge: MergeMode = "previous"
     norm_by_std: bool = True
     singletons: Singletons = "zero"
@@ -117,8 +108,8 @@ class TrainingLoop:
     def __init__(
         self,
         store: RunStore,
-        trainer: Any,
-        run_batch: RunBatch,
+        trainer: PolicyTrainer,
+        run_batch: BatchRollouts,
         *,
         engine: WeightSink | None = None,
         config: LoopConfig | None = None,
@@ -221,7 +212,7 @@ class TrainingLoop:
             rollouts=len(rollout_ids),
             trained_rollouts=batch.totals.n_rollouts,
             reward_mean=sum(rewards) / len(rewards) if rewards else None,
-            pass_rate=sum(r >= cfg.pass_threshold for r in rewards) / len(rewards) if rewards else None,
+            pass_rate=sum(passed(r, cfg.pass_threshold) for r in rewards) / len(rewards) if rewards else None,
             entropy=train.get("entropy"),
             kl=train.get("kl"),  # to the reference; None without one (ppo_kl, sampling vs new policy, is in metrics)
             loss=train.get("loss"),

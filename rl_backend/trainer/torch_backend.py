@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
+from rl_backend.trainer import checkpoint
 from rl_backend.trainer.batch import TrainBatch, collate, micro_batches, split_by_rollout
+from rl_backend.trainer.checkpoint import is_peft
 from rl_backend.trainer.loss import LossConfig, PolicyLoss
 from rl_backend.trainer.verl_compat import verl
 
@@ -87,7 +89,7 @@ class TorchTrainer:
         self.base_model_path = str(base_model_path) if base_model_path is not None else None
         self.step = 0
         model = model.to(device=self.device, dtype=_dtype(config.dtype))
-        if config.lora is not None and not _is_peft(model):
+        if config.lora is not None and not is_peft(model):
             from peft import LoraConfig, get_peft_model
 
             lora = config.lora
@@ -268,21 +270,24 @@ class TorchTrainer:
 
     def serving_state_dict(self) -> dict[str, torch.Tensor]:
         """The current weights under the base model's own names (LoRA merged in), on the CPU, for the engine."""
-        from rl_backend.trainer.checkpoint import serving_state_dict
-
-        return serving_state_dict(self)
+        return checkpoint.serving_state_dict(self.model)
 
     def save_checkpoint(self, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-        from rl_backend.trainer.checkpoint import save_checkpoint
-
-        return save_checkpoint(self, Path(directory), extra or {})
+        return checkpoint.save_checkpoint(self, Path(directory), extra or {})
 
     @classmethod
     def from_checkpoint(cls, directory: str | Path, config: TrainerConfig | None = None) -> TorchTrainer:
-        from rl_backend.trainer.checkpoint import load_checkpoint
-
-        return load_checkpoint(cls, Path(directory), config)
-
-
-def _is_peft(model: Any) -> bool:
-    return hasattr(model, "peft_config")
+        """A trainer that continues exactly where the checkpoint left off (weights, optimizer moments, step)."""
+        directory = Path(directory)
+        state = checkpoint.read_state(directory)
+        cfg = config or TrainerConfig.from_dict(state["config"])
+        weights = checkpoint.load_weights(directory, state, dtype=_dtype(cfg.dtype), kl_reference=cfg.loss.kl_coef > 0)
+        trainer = cls(weights.model, cfg, tokenizer=weights.tokenizer, base_model_path=state.get("base_model_path"),
+                      reference=weights.reference)
+        if weights.reference is not None:
+            trainer.reference = weights.reference.to(trainer.device)
+        checkpoint.restore_optimizer(trainer.optimizer, directory, trainer.device)
+        for group in trainer.optimizer.param_groups:  # the moments resume; the hyperparameters are the config's
+            group.update(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        trainer.step = int(state["step"])
+        return trainer

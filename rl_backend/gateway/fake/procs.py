@@ -1,7 +1,9 @@
 """Gateways and fast fake upstreams as real processes, for tests and benchmarks that need them apart.
 
 `spawn_gateway` runs `agl gateway serve` exactly as a person would (its own process, its own event loop), so load
-and crash tests exercise the stand-alone gateway, not an in-process copy sharing the test's GIL.
+and crash tests exercise the stand-alone gateway, not an in-process copy sharing the test's GIL. The caller says how
+to start that command (`serve`: e.g. `["agl", "gateway", "serve"]`): the command line is agl_cli's, and nothing
+under rl_backend reaches up into it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,20 +83,23 @@ def spawn_fast_fake(timeout_s: float = 60.0) -> Proc:
     return Proc(proc, _read_ready(proc, timeout_s))
 
 
-def spawn_serve(args: list[str], *, admin_token: str = "", cwd: Path | None = None, timeout_s: float = 60.0) -> Proc:
-    """`agl gateway serve --port 0 --json ARGS…`, the admin token in its environment ("" for none)."""
-    command = [sys.executable, "-m", "agl_cli", "gateway", "serve", "--port", "0", "--json", *args]
+def spawn_serve(serve: Sequence[str], args: list[str], *, admin_token: str = "", cwd: Path | None = None,
+                timeout_s: float = 60.0) -> Proc:
+    """`SERVE --port 0 --json ARGS…` (SERVE: the command line of `agl gateway serve`), the admin token in its
+    environment ("" for none)."""
+    command = [*serve, "--port", "0", "--json", *args]
     env = {**os.environ, "AGL_GATEWAY_ADMIN_TOKEN": admin_token, "NO_COLOR": "1"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
     return Proc(proc, _read_ready(proc, timeout_s))
 
 
-def spawn_gateway(upstream_url: str, store: Path, *, admin_token: str = "test-admin", token_ids: bool = True,
-                  extra: list[str] | None = None, timeout_s: float = 60.0) -> Proc:
-    """`agl gateway serve` in front of one OpenAI-compatible upstream named `local`, on a free port."""
+def spawn_gateway(serve: Sequence[str], upstream_url: str, store: Path, *, admin_token: str = "test-admin",
+                  token_ids: bool = True, extra: list[str] | None = None, timeout_s: float = 60.0) -> Proc:
+    """`agl gateway serve` (started by the command line `serve`) in front of one OpenAI-compatible upstream named
+    `local`, on a free port."""
     args = ["--upstream", f"local=openai-compatible:{upstream_url}", "--store", str(store),
             *(["--token-ids", "local"] if token_ids else []), *(extra or [])]
-    return spawn_serve(args, admin_token=admin_token, timeout_s=timeout_s)
+    return spawn_serve(serve, args, admin_token=admin_token, timeout_s=timeout_s)
 
 
 def register(gateway_url: str, admin_token: str, rollout_id: str, knobs: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -9,10 +9,11 @@ and replaces only what agl does differently: no dataset (the unchanged agent sam
 forwards the policy's calls to the replicas' OpenAI servers), and one optimizer step per epoch over the whole batch
 of whole rollouts (agl's rollout normalization is over the batch; see loss.py).
 
-`VerlTrainer` gives agl's `TrainingLoop` (rl_backend/trainer/loop.py) what it asks of a trainer, and
-`VerlWeightSink` what it asks of the serving engine, so the loop, its step rows, curves and kill/resume logic are
-the same for both backends. A checkpoint is `step-<n>/actor/` in verl's own layout (sharded model, optimizer and
-extra state, `huggingface/` with the servable model, LoRA metadata) plus agl's `trainer_state.json`.
+`VerlTrainer` is the `PolicyTrainer` agl's `TrainingLoop` (rl_backend/trainer/loop.py) asks for, and
+`VerlWeightSink` its `WeightSink` (both in rl_backend/trainer/interfaces.py), so the loop, its step rows, curves and
+kill/resume logic are the same for both backends. A checkpoint is `step-<n>/actor/` in verl's own layout (sharded
+model, optimizer and extra state, `huggingface/` with the servable model, LoRA metadata) plus agl's
+`trainer_state.json`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""agl's own version, as installed: shown by `agl --version` and recorded in every run's manifest."""
+"""agl's own version, as installed (both packages ship in the one `agl` distribution): shown by `agl --version`,
+recorded in every run's manifest, sent with exported spans, and the tag of the default runtime and trainer images."""
 
 from __future__ import annotations
 
