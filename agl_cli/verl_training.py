@@ -19,8 +19,8 @@ from typing import Any
 
 from agl_cli.errors import ConfigError
 from agl_cli.rundir import RunDir
+from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec
-from agl_cli.stack import Stack
 from agl_cli.training import Trainer, TrainOptions, trained_upstream
 
 TRAINED_ADAPTER_DIR = "trained-adapter"
@@ -90,7 +90,7 @@ class VerlTraining(Trainer):
         self.verl_config, self.settings = verl_config, settings
         self._verl: Any = None
 
-    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[Any, Any]:
+    def _start_backend(self, stack: RunServices, checkpoints: Path) -> tuple[Any, Any]:
         from rl_backend.trainer.loop import latest_checkpoint
         from rl_backend.trainer.verl_backend.trainer import VerlLaunchError, VerlTrainer, VerlWeightSink
 

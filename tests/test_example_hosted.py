@@ -15,8 +15,8 @@ from agl_cli.spec import load_spec
 from rl_backend.gateway.config import ResolvedUpstream, UpstreamSpec
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import Harness
-from rl_backend.gateway.record import start_recording
 from rl_backend.gateway.replay import Recording, request_key, start_replay_upstream
+from rl_backend.gateway.replay_recorder import start_recording
 from rl_backend.store.db import RunStore
 from tests.conftest import REPO, run_agl
 

@@ -129,7 +129,7 @@ def resolve_upstreams(
                 hint=f"serve it yourself and point an openai-compatible upstream at it; kinds: {', '.join(_KINDS)}",
             )
         if spec.kind == "embedded" and trained_elsewhere:
-            from agl_cli.stack import policy_upstream
+            from agl_cli.services import policy_upstream
 
             log(f"upstream {name!r} ({spec.model}) is the trained policy: its servers register with this gateway")
             resolved[name] = policy_upstream(name, spec)
@@ -272,7 +272,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
             gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token, prices=prices)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        from rl_backend.gateway.serverproto import CoalescingHttpToolsProtocol
+        from rl_backend.gateway.coalescing_http import CoalescingHttpToolsProtocol
 
         config = uvicorn.Config(
             gateway.app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",

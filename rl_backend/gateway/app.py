@@ -24,8 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.adapters import build_exchange
 from rl_backend.gateway.admin import AdminAPI
-from rl_backend.gateway.apis import build_exchange
 from rl_backend.gateway.budget import SpendLimit
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response

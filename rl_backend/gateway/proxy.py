@@ -21,9 +21,9 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit
-from rl_backend.gateway.callrecord import Ending, build_record
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import Exchange
+from rl_backend.gateway.finished_call import Ending, build_record
 from rl_backend.gateway.h1client import HTTPError, ReadTimeout, Response
 from rl_backend.gateway.jsonfast import dumps, loads
 from rl_backend.gateway.pricing import PriceTable

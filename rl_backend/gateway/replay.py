@@ -1,6 +1,6 @@
 """Replay: serve recorded upstream responses back for the same requests, so an agent on a hosted API runs offline.
 
-A recording is JSONL, one line per upstream response (written by `record.py` when an upstream has `record_to:`):
+A recording is JSONL, one line per upstream response (written by `replay_recorder.py` when an upstream has `record_to:`):
 
     {"key": "<sha256>", "api": "openai.chat", "model": "gpt-5-mini", "match": {...}, "preview": "...",
      "status": 200, "headers": {"x-request-id": "..."}, "response": {...}}      # or "sse": "<raw event stream>"

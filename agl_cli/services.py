@@ -3,10 +3,10 @@ the gateway in front of every upstream. Stopped in reverse order when the run en
 
 With $AGL_GATEWAY_URL set (the trainer pod of `agl train --on kubernetes`), nothing starts here: the run uses the
 gateway running there (rl_backend/gateway/remote.py, with $AGL_GATEWAY_ADMIN_TOKEN), which serves every upstream,
-and `Stack.collect_rollout` copies each finished rollout's calls from its store into this run's.
+and `RunServices.collect_rollout` copies each finished rollout's calls from its store into this run's.
 
 The verl backend serves the model it trains from verl's own rollout servers: that upstream (`policy=`) is not loaded
-here; the gateway waits for the servers' addresses (`Stack.set_endpoints`, once the trainer has started them)."""
+here; the gateway waits for the servers' addresses (`RunServices.set_endpoints`, once the trainer has started them)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Stack:
+class RunServices:
     gateway: Gateway | RemoteGateway | None
     gateway_url: str | None
     # Empty with a remote gateway: it resolves the upstreams itself.
@@ -82,10 +82,10 @@ def policy_upstream(name: str, upstream: Any) -> ResolvedUpstream:
 
 
 @contextlib.contextmanager
-def running_stack(
+def running_services(
     spec: ExperimentSpec, store: RunStore, *, log: Any = None, spend_limit: SpendLimit | None = None,
     policy: str | None = None,
-) -> Iterator[Stack]:
+) -> Iterator[RunServices]:
     """The services for `spec`; `policy` names the embedded upstream a trainer serves itself (see the docstring)."""
     if spend_limit is not None:
         from agl_cli.prices import check_budget_prices
@@ -93,8 +93,8 @@ def running_stack(
         check_budget_prices(spec, spend_limit.limit_usd)
     # A spec whose agent calls no model through agl and reports no reward needs no gateway, remote or not.
     if os.environ.get(GATEWAY_URL_ENV, "").strip() and (spec.upstreams or spec.grader.reported):
-        with remote_stack(log=log, spend_limit=spend_limit) as stack:
-            yield stack
+        with remote_services(log=log, spend_limit=spend_limit) as services:
+            yield services
         return
     with contextlib.ExitStack() as exits:
         resolved: dict[str, ResolvedUpstream] = {}
@@ -136,7 +136,7 @@ def running_stack(
                     free=upstream.free,
                 )
             if upstream.record_to:
-                from rl_backend.gateway.record import start_recording
+                from rl_backend.gateway.replay_recorder import start_recording
 
                 if log:
                     log(f"recording the responses of {name!r} to {spec.resolve(upstream.record_to)}")
@@ -144,7 +144,7 @@ def running_stack(
                 exits.callback(recorder.stop)
         if not resolved and not spec.grader.reported:
             # The agent calls no model through agl (or uses its own keys) and reports no reward: no gateway.
-            yield Stack(gateway=None, gateway_url=None, upstreams={}, embedded=embedded)
+            yield RunServices(gateway=None, gateway_url=None, upstreams={}, embedded=embedded)
             return
         from rl_backend.gateway import Gateway, start_gateway
 
@@ -161,12 +161,12 @@ def running_stack(
                           prices=declared_prices(spec))
         gateway_server = start_gateway(gateway, *listen) if listen else start_gateway(gateway)
         exits.callback(gateway_server.stop)
-        yield Stack(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved, embedded=embedded)
+        yield RunServices(gateway=gateway, gateway_url=gateway_server.base_url, upstreams=resolved, embedded=embedded)
 
 
 @contextlib.contextmanager
-def remote_stack(*, log: Any = None, spend_limit: SpendLimit | None = None) -> Iterator[Stack]:
-    """The stack of a run whose gateway runs elsewhere ($AGL_GATEWAY_URL): checked before the first rollout."""
+def remote_services(*, log: Any = None, spend_limit: SpendLimit | None = None) -> Iterator[RunServices]:
+    """The services of a run whose gateway runs elsewhere ($AGL_GATEWAY_URL): checked before the first rollout."""
     from rl_backend.gateway.remote import RemoteGatewayError, from_environment
 
     try:
@@ -181,7 +181,7 @@ def remote_stack(*, log: Any = None, spend_limit: SpendLimit | None = None) -> I
             log(f"budget.usd (${spend_limit.limit_usd:g}) is checked between rollouts: that gateway does not stop "
                 "calls of rollouts already running")
     try:
-        yield Stack(gateway=gateway, gateway_url=gateway.base_url, upstreams={})
+        yield RunServices(gateway=gateway, gateway_url=gateway.base_url, upstreams={})
     except RemoteGatewayError as exc:  # the gateway went away (or its token changed) during the run
         raise AglError(exc.message, hint=exc.hint) from None
     finally:
