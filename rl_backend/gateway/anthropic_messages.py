@@ -20,7 +20,6 @@ from rl_backend.gateway.exchange import (
     usage_from_anthropic,
 )
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_anthropic_messages
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
 from rl_backend.store.records import Api
@@ -114,22 +113,19 @@ class AnthropicExchange(Exchange):
     """What both ways of serving Messages share: the Anthropic error shape, also inside streams."""
 
     dialect: Dialect = "anthropic"
+    api = Api.anthropic_messages
+    validate = staticmethod(validate_messages)
 
     def error_event(self, message: str) -> bytes:
         return encode_json_event(error_body(502, message, "anthropic"), "error")
 
 
 class MessagesExchange(AnthropicExchange):
-    api = Api.anthropic_messages
     path = "/v1/messages"
+    asks_token_ids = False
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_messages(body)
-        super().__init__(body, route, token_ids=False)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_anthropic_messages(request, knobs)
-        self.request_record = request
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.acc = MessageAccumulator()
 
     def upstream_body(self) -> dict[str, Any]:

@@ -313,7 +313,6 @@ class Gateway:
             rollout_id=rollout_id,
             request_model=request_model,
             agent_headers=headers,
-            knobs_applied={"model": entry.knobs["model"]} if "model" in entry.knobs else {},
             secrets=(*self._secrets, entry.token),
             started_at=started_at,
             t0=t0,

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from rl_backend.gateway.anthropic_messages import AnthropicExchange, MessageAccumulator, validate_messages
+from rl_backend.gateway.anthropic_messages import AnthropicExchange, MessageAccumulator
 from rl_backend.gateway.anthropic_translate import (
     anthropic_usage,
     chat_to_message,
@@ -23,7 +23,7 @@ from rl_backend.gateway.anthropic_translate import (
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import int_list, usage_from_openai
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_anthropic_messages
+from rl_backend.gateway.knobs import apply_knobs
 from rl_backend.gateway.openai_chat import ChatAccumulator, chat_logprobs
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event, is_done
@@ -31,21 +31,15 @@ from rl_backend.store.records import Api
 
 
 class MessagesViaChatExchange(AnthropicExchange):
-    api = Api.anthropic_messages
     path = "/chat/completions"
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_messages(body)
-        super().__init__(body, route, token_ids=token_ids)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_anthropic_messages(request, knobs)
-        self.request_record = request
-        self.chat = messages_to_chat(request)
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
+        self.chat = messages_to_chat(self.request_record)
         if "reasoning_effort" in knobs:  # an OpenAI upstream has a place for it, unlike the Messages API
-            self.chat["reasoning_effort"] = knobs["reasoning_effort"]
-            self.knobs_applied["reasoning_effort"] = knobs["reasoning_effort"]
-        self.stops = [s for s in request.get("stop_sequences") or [] if isinstance(s, str)]
+            effort = {"reasoning_effort": knobs["reasoning_effort"]}
+            self.knobs_applied.update(apply_knobs(Api.openai_chat, self.chat, effort))
+        self.stops = [s for s in self.request_record.get("stop_sequences") or [] if isinstance(s, str)]
         self.chat_acc = ChatAccumulator(keep_logprobs=False)
         self.msg_acc = MessageAccumulator()
         self.started = False

@@ -21,7 +21,6 @@ from rl_backend.gateway.exchange import (
     usage_from_openai,
 )
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_openai_chat
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event, is_done
 from rl_backend.store.records import Api
@@ -158,8 +157,8 @@ class OpenAIExchange(Exchange):
 
     dialect = "openai"
 
-    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool) -> None:
-        super().__init__(body, route, token_ids=token_ids)
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         options = body.get("stream_options")
         self.want_usage_chunk = isinstance(options, dict) and options.get("include_usage") is True
         self.want_token_ids = body.get("return_token_ids") is True
@@ -239,16 +238,12 @@ class OpenAIExchange(Exchange):
 class ChatExchange(OpenAIExchange):
     api = Api.openai_chat
     path = "/chat/completions"
+    validate = staticmethod(validate_chat)
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_chat(body)
-        super().__init__(body, route, token_ids=token_ids)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_openai_chat(request, knobs)
-        self.request_record = request
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.want_logprobs = body.get("logprobs") is True
-        self.forced_logprobs = token_ids and not self.want_logprobs
+        self.forced_logprobs = self.token_ids and not self.want_logprobs
         self.acc = ChatAccumulator(keep_logprobs=self.want_logprobs)
 
     def upstream_body(self) -> dict[str, Any]:

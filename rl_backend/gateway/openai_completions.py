@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl_backend.gateway.exchange import bad_request, check_common, check_optional, int_list, usage_from_openai
-from rl_backend.gateway.knobs import apply_openai_completions
 from rl_backend.gateway.openai_chat import OpenAIExchange
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event
@@ -49,16 +48,12 @@ def _token_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
 class CompletionsExchange(OpenAIExchange):
     api = Api.openai_completions
     path = "/completions"
+    validate = staticmethod(validate_completions)
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_completions(body)
-        super().__init__(body, route, token_ids=token_ids)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_openai_completions(request, knobs)
-        self.request_record = request
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.want_logprobs = body.get("logprobs") is not None
-        self.forced_logprobs = token_ids and not self.want_logprobs
+        self.forced_logprobs = self.token_ids and not self.want_logprobs
         self.head: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None

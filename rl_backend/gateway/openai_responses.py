@@ -11,7 +11,6 @@ from typing import Any
 
 from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_optional, usage_from_openai
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_openai_responses
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
 from rl_backend.store.records import Api
@@ -34,14 +33,11 @@ class ResponsesExchange(Exchange):
     api = Api.openai_responses
     dialect = "openai"
     path = "/responses"
+    asks_token_ids = False
+    validate = staticmethod(validate_responses)
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_responses(body)
-        super().__init__(body, route, token_ids=False)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_openai_responses(request, knobs)
-        self.request_record = request
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.final: dict[str, Any] | None = None
         self.partial: list[str] = []
         self.last_sequence = 0

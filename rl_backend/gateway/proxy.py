@@ -78,7 +78,6 @@ class ProxyCall:
         rollout_id: str,
         request_model: str | None,
         agent_headers: dict[str, str],
-        knobs_applied: dict[str, Any],
         secrets: tuple[str, ...],
         started_at: float,
         t0: float,
@@ -88,7 +87,6 @@ class ProxyCall:
         self.rollout_id = rollout_id
         self.request_model = request_model
         self.agent_headers = agent_headers
-        self.knobs_applied = knobs_applied
         self.secrets = tuple(s for s in secrets if s)
         self.call_id = f"call-{_ID_PREFIX}{next(_ID_COUNTER):012x}"
         self.started_at = started_at  # when the request arrived (time.time)
@@ -343,7 +341,6 @@ class ProxyCall:
             call_id=self.call_id,
             rollout_id=self.rollout_id,
             request_model=self.request_model,
-            knobs_applied=self.knobs_applied,
             started_at=self.started_at,
             t0=self.t0,
             status=self.status,
