@@ -266,6 +266,9 @@ class Gateway:
                 yield
             finally:
                 await self.services.client.aclose()
+                for transport in {id(u.transport): u.transport for u in self.router.upstreams.values()
+                                  if u.transport is not None}.values():
+                    await transport.aclose()
                 await anyio.to_thread.run_sync(self.writer.close)
 
         return Starlette(

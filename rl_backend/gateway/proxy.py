@@ -24,10 +24,11 @@ from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import Exchange
 from rl_backend.gateway.finished_call import Ending, build_record
-from rl_backend.gateway.h1client import HTTPError, ReadTimeout, Response
+from rl_backend.gateway.h1client import HTTPError, ReadTimeout
 from rl_backend.gateway.jsonfast import dumps, loads
 from rl_backend.gateway.pricing import PriceTable
 from rl_backend.gateway.sse import SSEDecoder, SSEEvent
+from rl_backend.gateway.transport import UpstreamResponse
 from rl_backend.gateway.upstream import UpstreamClient, UpstreamUnavailable, close_quietly
 from rl_backend.gateway.writer import RecordWriter
 from rl_backend.store.records import CallRecord
@@ -181,7 +182,7 @@ class ProxyCall:
         finally:
             close_quietly(response)
 
-    async def _pass_error(self, send: Send, response: Response) -> None:
+    async def _pass_error(self, send: Send, response: UpstreamResponse) -> None:
         """An upstream error status after retries: the agent gets it as the upstream said it."""
         try:
             raw = await response.aread()
@@ -202,7 +203,7 @@ class ProxyCall:
         await self._commit()
         await self._send_whole(send, response.status_code, content, ctype, headers)
 
-    async def _whole(self, send: Send, response: Response) -> None:
+    async def _whole(self, send: Send, response: UpstreamResponse) -> None:
         try:
             raw = await response.aread()
         except ReadTimeout:
@@ -222,7 +223,7 @@ class ProxyCall:
         await self._commit()
         await self._send_whole(send, response.status_code, payload, "application/json", {})
 
-    async def _stream(self, send: Send, response: Response) -> None:
+    async def _stream(self, send: Send, response: UpstreamResponse) -> None:
         ex = self.exchange
         self.status = response.status_code
         await send({"type": "http.response.start", "status": response.status_code, "headers": self._headers(_SSE_HEADERS)})

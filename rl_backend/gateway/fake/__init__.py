@@ -1,4 +1,6 @@
-"""A scripted OpenAI- and Anthropic-compatible upstream for tests and benchmarks: a real HTTP server on loopback.
+"""A scripted OpenAI- and Anthropic-compatible upstream for tests and benchmarks: served to the gateway in-process
+(`upstream()`), or, once `start()`ed, as a real HTTP server on loopback for tests of the HTTP path itself and for
+other processes.
 
 Replies are deterministic (see replies.py). Faults are queued with `fail()` and consumed one per request, in order:
 `status` (an error status, optionally with Retry-After), `slow` (a delay before the first byte), `malformed`
@@ -15,7 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from starlette.applications import Starlette
@@ -24,8 +26,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.fake import anthropic_shapes, openai_shapes
 from rl_backend.gateway.fake.replies import chat_reply, make_reply
+from rl_backend.gateway.transport import IN_PROCESS_URL, InProcessTransport
 from rl_backend.httpserver import ServerThread
 
 
@@ -169,6 +173,14 @@ class FakeUpstream:
     def base_url(self) -> str:
         """OpenAI-style base URL, ending in /v1."""
         return self.url + "/v1"
+
+    def upstream(self, name: str = "local", *, api: Literal["openai", "anthropic"] = "openai",
+                 **fields: Any) -> ResolvedUpstream:
+        """This fake as the gateway's upstream `name`: at its URL once started, else served in-process."""
+        started = self.server is not None
+        root = self.url if started else IN_PROCESS_URL
+        return ResolvedUpstream(name=name, api=api, base_urls=[root + "/v1" if api == "openai" else root],
+                                transport=None if started else InProcessTransport(self.app), **fields)
 
     async def _begin(self, request: Request, anthropic: bool) -> tuple[_Call, Response | None]:
         raw = await request.body()
