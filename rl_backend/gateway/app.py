@@ -33,7 +33,7 @@ from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import dialect_of, parse_json_object, presented_token, read_json_object
 from rl_backend.gateway.ids import check_rollout_id, shown_id
 from rl_backend.gateway.knobs import validate_knobs
-from rl_backend.gateway.pricing import PriceTable
+from rl_backend.gateway.pricing import DeclaredPrice, PriceTable
 from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
 from rl_backend.gateway.routing import Router
 from rl_backend.gateway.upstream import RetryPolicy, UpstreamClient
@@ -77,7 +77,7 @@ class Gateway:
         admin_token: str | None = None,
         record_token_ids: bool = True,
         max_body_bytes: int = 32 * 2**20,
-        prices: Mapping[str, Mapping[str, float]] | None = None,  # declared prices, by upstream/model or model
+        prices: Mapping[str, DeclaredPrice] | None = None,  # declared prices, by upstream/model or model
         retry: RetryPolicy | None = None,
         durable_before_reply: bool = True,
         pause_retry_after_s: float = 2.0,
