@@ -253,7 +253,8 @@ class ExperimentSpec(_Strict):
     model: str | None = Field(
         default=None,
         description="the default upstream/model: a call whose model name matches no upstream goes here (agl shows "
-        "which calls fell back to it)",
+        "which calls fell back to it); default: the only upstream, when there is one (its `model`, else the name "
+        "the agent asked for)",
     )
     prices: dict[str, PriceSpec] = Field(
         default_factory=dict,
