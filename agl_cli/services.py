@@ -84,7 +84,7 @@ def running_services(
             upstreams = exits.enter_context(started_upstreams(
                 spec.upstreams, resolve=spec.resolve, policy=[policy] if policy else [], log=log))
         except UpstreamSetupError as exc:
-            raise ConfigError(exc.message, hint=exc.hint) from None
+            raise ConfigError(str(exc), hint=exc.hint) from None
         if not upstreams.resolved and not spec.grader.reported:
             # The agent calls no model through agl (or uses its own keys) and reports no reward: no gateway.
             yield RunServices(gateway=None, gateway_url=None, upstreams={})
@@ -110,7 +110,7 @@ def remote_services(*, log: Any = None, spend_limit: SpendLimit | None = None) -
     try:
         gateway = from_environment(dict(os.environ))
     except RemoteGatewayError as exc:
-        raise ConfigError(exc.message, hint=exc.hint) from None
+        raise ConfigError(str(exc), hint=exc.hint) from None
     assert gateway is not None
     if log:
         log(f"using the gateway at ${GATEWAY_URL_ENV} = {gateway.base_url} (no gateway or model server starts in "

@@ -23,6 +23,15 @@ def _post(transport: InProcessTransport, body: dict[str, Any], *, path: str = "/
                           timeout=timeout, connect_timeout=timeout)
 
 
+
+async def _until_cancelled(fake: FakeUpstream) -> None:
+    """The fake noticed its caller leave (it counts that in `cancelled`), within a second."""
+    for _ in range(100):
+        if fake.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.cancelled == 1
+
 def test_a_whole_answer_and_a_stream_as_it_is_sent() -> None:
     fake = FakeUpstream(api_key="k")
 
@@ -60,11 +69,7 @@ def test_no_answer_in_time_is_a_read_timeout_and_the_app_sees_its_caller_leave()
         transport = InProcessTransport(fake.app)
         with pytest.raises(ReadTimeout, match="no answer from the upstream for 0.2 s"):
             await _post(transport, CHAT, timeout=0.2)
-        for _ in range(100):
-            if fake.cancelled:
-                break
-            await asyncio.sleep(0.01)
-        assert fake.cancelled == 1
+        await _until_cancelled(fake)
         await transport.aclose()
 
     asyncio.run(run())
@@ -79,11 +84,7 @@ def test_closing_a_stream_early_tells_the_app() -> None:
         response = await _post(transport, {**CHAT, "stream": True})
         await anext(response.aiter_bytes())
         response.close()  # the proxy's agent hung up
-        for _ in range(100):
-            if fake.cancelled:
-                break
-            await asyncio.sleep(0.01)
-        assert fake.cancelled == 1
+        await _until_cancelled(fake)
         await transport.aclose()
 
     asyncio.run(run())

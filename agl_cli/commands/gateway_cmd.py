@@ -201,7 +201,7 @@ def serve_command(
 
             summary = _serve(started.resolved, store_path, default_model, admin_token, bind, port, announce, prices)
     except resolver.UpstreamSetupError as exc:
-        raise ConfigError(exc.message, hint=exc.hint) from None
+        raise ConfigError(str(exc), hint=exc.hint) from None
     console.print(f"gateway stopped: {summary['calls_recorded']} calls recorded in {store_path}")
 
 

@@ -15,8 +15,8 @@ from rl_backend.gateway.exchange import (
     Exchange,
     bad_request,
     check_common,
+    check_fields,
     check_messages,
-    check_optional,
     usage_from_anthropic,
 )
 from rl_backend.gateway.jsonfast import loads
@@ -41,11 +41,7 @@ def validate_messages(body: dict[str, Any]) -> None:
         raise bad_request("`max_tokens` is required: a positive integer", "max_tokens")
     if body.get("system") is not None and not isinstance(body["system"], str | list):
         raise bad_request("`system` must be a string or an array of text blocks", "system")
-    for name in ("tools", "stop_sequences"):
-        check_optional(body, name, "array")
-    for name in ("tool_choice", "thinking", "metadata"):
-        check_optional(body, name, "object")
-    check_optional(body, "top_k", "int")
+    check_fields(body, array=("tools", "stop_sequences"), object=("tool_choice", "thinking", "metadata"), int=("top_k",))
 
 
 class MessageAccumulator:

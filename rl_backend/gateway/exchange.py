@@ -149,6 +149,13 @@ def check_messages(body: dict[str, Any], *, roles_key: str = "role") -> list[dic
     return messages
 
 
+def check_fields(body: dict[str, Any], **names_by_kind: tuple[str, ...]) -> None:
+    """check_optional for many fields: `int=("n", "seed"), bool=(...)`, by the kinds check_optional knows."""
+    for kind, names in names_by_kind.items():
+        for name in names:
+            check_optional(body, name, kind)
+
+
 def check_common(body: dict[str, Any]) -> None:
     check_optional(body, "model", "string")
     check_optional(body, "stream", "bool")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_optional, usage_from_openai
+from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_fields, usage_from_openai
 from rl_backend.gateway.jsonfast import loads
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
@@ -22,11 +22,8 @@ def validate_responses(body: dict[str, Any]) -> None:
     check_common(body)
     if not isinstance(body.get("input"), str | list):
         raise bad_request("`input` must be a string or an array of input items", "input")
-    check_optional(body, "instructions", "string")
-    check_optional(body, "max_output_tokens", "int")
-    for name in ("reasoning", "text"):
-        check_optional(body, name, "object")
-    check_optional(body, "tools", "array")
+    check_fields(body, string=("instructions",), int=("max_output_tokens",), object=("reasoning", "text"),
+                 array=("tools",))
 
 
 class ResponsesExchange(Exchange):

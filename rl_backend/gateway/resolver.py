@@ -25,11 +25,11 @@ DEFAULT_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
 class UpstreamSetupError(ValueError):
-    """An upstream that cannot be set up as given (a missing key, an unreadable recording): a configuration error."""
+    """An upstream that cannot be set up as given (a missing key, an unreadable recording): a configuration error,
+    with `hint`, the fix."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
         self.hint = hint
 
 

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from starlette.types import ASGIApp, Message
 
-from rl_backend.gateway.h1client import HTTPError, NoResponse, ReadTimeout
+from rl_backend.gateway.h1client import BodyStream, HTTPError, NoResponse, Progress
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-class _Call:
-    """One request to an in-process app: what the app has sent so far, and the reader waiting on it."""
+class _Call(Progress):
+    """One request to an in-process app: what the app has sent so far, for the reader waiting on it."""
 
     def __init__(self, body: bytes) -> None:
         self.body: bytes | None = body
@@ -58,10 +58,8 @@ class _Call:
         self.headers: dict[str, str] = {}
         self.head_done = False
         self.complete = False  # the app sent its last body message
-        self.error: HTTPError | None = None
         self.chunks: collections.deque[bytes] = collections.deque()
         self.gone = asyncio.Event()  # the reader closed the response, or it is complete: receive() says disconnect
-        self._waiter: asyncio.Future[None] | None = None
 
     async def run(self, app: ASGIApp, scope: dict[str, Any]) -> None:
         try:
@@ -80,7 +78,7 @@ class _Call:
         finally:
             if not self.head_done and self.error is None:
                 self.error = NoResponse("the upstream closed the connection before answering")
-            self._wake()
+            self.wake()
 
     def _server_error(self) -> None:
         self.status, self.headers, self.head_done = 500, {"content-type": "text/plain; charset=utf-8"}, True
@@ -109,23 +107,7 @@ class _Call:
             if not message.get("more_body", False):
                 self.complete = True
                 self.gone.set()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self, timeout: float) -> None:
-        """Until the app sends something or ends; ReadTimeout after `timeout` seconds of silence."""
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter, timeout)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+        self.wake()
 
     def take(self) -> bytes:
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -133,37 +115,16 @@ class _Call:
         return data
 
 
-def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout(f"no answer from the upstream for {timeout:g} s"))
-
-
-class InProcessResponse:
+class InProcessResponse(BodyStream):
     def __init__(self, call: _Call, timeout: float) -> None:
-        self._call = call
+        self._source = call
         self._timeout = timeout
         self.status_code = call.status
         self.headers = call.headers
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        call = self._call
-        while True:
-            if call.chunks:
-                yield call.take()
-            elif call.complete:
-                return
-            elif call.error is not None:
-                raise call.error
-            else:
-                await call.wait(self._timeout)
-
-    async def aread(self) -> bytes:
-        parts = [chunk async for chunk in self.aiter_bytes()]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
     def close(self) -> None:
         """Before the end of the answer: the app's next receive() says its client disconnected."""
-        self._call.gone.set()
+        self._source.gone.set()
 
     async def aclose(self) -> None:
         self.close()
@@ -196,8 +157,6 @@ class InProcessTransport:
         task.add_done_callback(self._running.discard)
         try:
             while not call.head_done:
-                if call.error is not None:
-                    raise call.error
                 await call.wait(timeout)
         except BaseException:
             call.gone.set()  # timed out or cancelled: the app sees its client leave
