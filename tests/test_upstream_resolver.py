@@ -92,7 +92,9 @@ def test_keys_are_read_once_and_a_missing_one_names_its_variable(tmp_path: Path)
         assert (up.resolved["openai"].api_key, up.resolved["mine"].api_key) == ("sk-a", "sk-b")
     with started_upstreams(specs, environ={"OTHER": "sk-c"}, key_envs={"openai": "OTHER"}) as up:
         assert (up.resolved["openai"].api_key, up.resolved["mine"].api_key) == ("sk-c", None)
-    with pytest.raises(UpstreamSetupError, match=r"needs an API key in \$OPENAI_API_KEY"), started_upstreams(specs, environ={}):
+    # before any model loads (this one would not: no such model), so a missing key costs no wait
+    first = {"local": UpstreamSpec(kind="embedded", model="no-such-model-anywhere"), **specs}
+    with pytest.raises(UpstreamSetupError, match=r"needs an API key in \$OPENAI_API_KEY"), started_upstreams(first, environ={}):
         pass
     spec = load_spec(_spec(tmp_path, upstreams={"claude": {"kind": "anthropic"}}))
     store = RunStore(tmp_path / "store.sqlite")

@@ -107,13 +107,16 @@ def started_upstreams(
     unknown = (set(token_ids) | set(key_envs) | set(policy)) - set(specs)
     if unknown:
         raise UpstreamSetupError(f"no upstream named {', '.join(sorted(unknown))} (upstreams: {', '.join(specs)})")
+    # Every key before any model loads: a missing one is said at once.
+    keys = {name: api_key(name, spec, environ, key_envs.get(name)) for name, spec in specs.items()
+            if spec.kind not in ("embedded", "replay")}
     say = log or (lambda _message: None)
     with contextlib.ExitStack() as exits:
         result = Upstreams(resolved={})
         for name, spec in specs.items():
             resolved = describe(name, spec, policy=name in policy, token_ids=name in token_ids)
             transport: Transport | None = None
-            key: str | None = None
+            key = keys.get(name)
             if resolved.registered_later:
                 say(f"upstream {name!r} ({spec.model}) is the trained policy: its servers register with the gateway")
                 key = environ.get(POLICY_KEY_ENV) or None
@@ -127,8 +130,6 @@ def started_upstreams(
                 transport = InProcessTransport(create_app(model.engine))
             elif spec.kind == "replay":
                 transport = _replay(name, resolve(str(spec.path)))
-            else:
-                key = api_key(name, spec, environ, key_envs.get(name))
             if spec.record_to:
                 from rl_backend.gateway.h1client import H1Pool
                 from rl_backend.gateway.replay_recorder import RecordingFile, RecordingTransport
