@@ -186,6 +186,7 @@ def spec_reference() -> str:
         "unchanged. Every call records the name the agent asked for and the model that served it; summaries, "
         "reports and `agl compare` show the served model per variant, and warn, with counts, when the names a "
         "variant asked for were served by the default model instead.", "",
+        *_gateway_knobs(),
         "## Keys", "",
     ]
     for path, model in _sections(ExperimentSpec, ""):
@@ -204,6 +205,22 @@ def spec_reference() -> str:
                        f"{_cell(field.description or '')} |")
         out.append("")
     return "\n".join(out)
+
+
+def _gateway_knobs() -> list[str]:
+    """The gateway's knob table: what each `via: gateway` knob takes and where it goes in each API's request."""
+    from rl_backend.gateway.knobs import KNOBS
+    from rl_backend.store.records import Api
+
+    out = ["## Gateway knobs", "",
+           "A knob `via: gateway` is written by the gateway into every request of the rollout, whatever the agent "
+           "sent. Where an API has no place for a knob (—), it is left out of that call's record of applied knobs.", "",
+           "| knob | takes | " + " | ".join(f"`{api.value}`" for api in Api) + " |",
+           "| --- | --- | " + " | ".join("---" for _ in Api) + " |"]
+    for knob in KNOBS.values():
+        places = [knob.placements[api].where if api in knob.placements else "—" for api in Api]
+        out.append(f"| `{knob.name}` | {_cell(knob.takes)} | " + " | ".join(_cell(p) for p in places) + " |")
+    return [*out, ""]
 
 
 # -- the command line -------------------------------------------------------------------------------------------------

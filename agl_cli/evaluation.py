@@ -22,8 +22,8 @@ from typing import Any
 from agl_cli.grading import Grader
 from agl_cli.run_spend import own_usd, run_spend
 from agl_cli.rundir import RunDir
+from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec
-from agl_cli.stack import Stack
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.rollout import procs
@@ -73,7 +73,7 @@ class EvalRunner:
         spec: ExperimentSpec,
         run: RunDir,
         store: RunStore,
-        stack: Stack,
+        services: RunServices,
         controller: RolloutController,
         *,
         on_event: Callable[[str, Rollout], None] | None = None,
@@ -83,7 +83,7 @@ class EvalRunner:
         self.spec = spec
         self.run_dir = run
         self.store = store
-        self.stack = stack
+        self.services = services
         self.controller = controller
         self.on_event = on_event or (lambda kind, rollout: None)
         # Request settings forced on every call of these rollouts, over the variant's (training samples at T=1).
@@ -101,7 +101,7 @@ class EvalRunner:
     def _base_env(self) -> dict[str, str]:
         secret = self._secret_names()
         env = {k: v for k, v in os.environ.items()
-               if (k not in secret or not self.stack.gateway) and k not in AGL_CREDENTIALS}
+               if (k not in secret or not self.services.gateway) and k not in AGL_CREDENTIALS}
         # The agent finds the Python agl runs on first, so `python agent.py` works without activating a venv.
         bin_dir = str(Path(sys.executable).parent)
         path = env.get("PATH", "")
@@ -232,11 +232,11 @@ class EvalRunner:
             "AGL_ROLLOUT_ID": rid, "AGL_TASK_FILE": str(task_file), "AGL_OUTPUT_FILE": str(output_file),
             "AGL_ROLLOUT_DIR": str(folder), "AGL_SEED": str(item.seed), "AGL_VARIANT": item.variant.name,
         })
-        gateway = self.stack.gateway
+        gateway = self.services.gateway
         token: str | None = None
-        if gateway is not None and self.stack.gateway_url:
+        if gateway is not None and self.services.gateway_url:
             token = gateway.register_rollout(rid, gateway_knobs)
-            base = f"{self.stack.gateway_url}/rollouts/{rid}"
+            base = f"{self.services.gateway_url}/rollouts/{rid}"
             env.update({
                 "OPENAI_BASE_URL": f"{base}/openai/v1", "ANTHROPIC_BASE_URL": f"{base}/anthropic",
                 "OPENAI_API_KEY": token, "ANTHROPIC_API_KEY": token, "AGL_REWARD_URL": f"{base}/reward",
@@ -259,7 +259,7 @@ class EvalRunner:
             self.store.forget_process(rid)
             if gateway is not None:
                 gateway.unregister_rollout(rid)
-                self.stack.collect_rollout(rid, self.store)  # a remote gateway's records, before grading reads them
+                self.services.collect_rollout(rid, self.store)  # a remote gateway's records, before grading reads them
         redactor = self.redactor.with_secret(token)
         try:
             await self._conclude(rollout, item, result, task_file, output_file, redactor)
@@ -280,7 +280,7 @@ class EvalRunner:
     async def _conclude(self, rollout: Rollout, item: PlannedRollout, result: ProcessResult, task_file: Path,
                         output_file: Path, redactor: Redactor) -> None:
         """The rollout's outcome from what its agent left: status, reward or the reason there is none."""
-        gateway = self.stack.gateway
+        gateway = self.services.gateway
         rid = rollout.id
         rollout.exit_code, rollout.ended_at = result.exit_code, time.time()
         rollout.stdout_tail, rollout.stderr_tail = redactor.text(result.stdout_tail), redactor.text(result.stderr_tail)

@@ -5,28 +5,12 @@ from __future__ import annotations
 
 from agl_cli.errors import ConfigError
 from agl_cli.spec import REFERENCE, ExperimentSpec
-from rl_backend.gateway.config import ResolvedUpstream, UpstreamSpec
 from rl_backend.gateway.pricing import PriceTable
+from rl_backend.gateway.resolver import describe
 
 
 def price_table(spec: ExperimentSpec) -> PriceTable:
-    return PriceTable(declared_prices(spec))
-
-
-def declared_prices(spec: ExperimentSpec) -> dict[str, dict[str, float]]:
-    """`prices:` as the gateway takes it."""
-    return {name: price.table_entry() for name, price in spec.prices.items()}
-
-
-def _as_resolved(name: str, upstream: UpstreamSpec) -> ResolvedUpstream:
-    """What the gateway will see of this upstream, as far as prices go (embedded and replay upstreams are served
-    from this machine; the others from their URLs)."""
-    local = upstream.kind in ("embedded", "replay")
-    return ResolvedUpstream(
-        name=name, api="anthropic" if upstream.kind == "anthropic" else "openai",
-        base_urls=["http://127.0.0.1"] if local else upstream.urls(), default_model=upstream.model,
-        returns_token_ids=upstream.kind == "embedded", free=upstream.free,
-    )
+    return PriceTable(spec.prices)
 
 
 def models_in_use(spec: ExperimentSpec) -> list[tuple[str, str]]:
@@ -55,7 +39,7 @@ def unpriced_models(spec: ExperimentSpec) -> list[tuple[str, str]]:
     """The models the spec names that would cost something but have no price."""
     table = price_table(spec)
     return [(up, model) for up, model in models_in_use(spec)
-            if not table.knows(_as_resolved(up, spec.upstreams[up]), model)]
+            if not table.knows(describe(up, spec.upstreams[up]), model)]
 
 
 def check_budget_prices(spec: ExperimentSpec, budget_usd: float | None, *, source: str = "budget.usd") -> None:

@@ -14,12 +14,12 @@ from agl_cli.env_values import expand as expand_env
 from agl_cli.errors import ConfigError
 from agl_cli.yaml_source import YamlDocument
 from rl_backend.gateway.config import PriceSpec, UpstreamSpec
+from rl_backend.gateway.knobs import KNOBS
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 
 AGENT_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "rollout_id", "python"}
 GRADER_PLACEHOLDERS = {"task_file", "output_file", "rollout_dir", "python"}
-GATEWAY_KNOBS = {"model", "temperature", "top_p", "max_tokens", "reasoning_effort", "system_prompt"}
 _ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 REFERENCE = "docs/agl-yaml.md"  # every key of agl.yaml, generated from these models (agl_cli/docgen.py)
@@ -153,8 +153,8 @@ class KnobSpec(_Strict):
     values: list[Any] | None = Field(default=None, description="the options, as values")
     files: list[str] | None = Field(default=None, description="the options, as files (relative to agl.yaml)")
     via: Literal["gateway", "env", "file"] = Field(
-        description="gateway: the gateway rewrites each request (model, temperature, top_p, max_tokens, "
-        "reasoning_effort, system_prompt); env: an environment variable; file: a file the agent reads"
+        description=f"gateway: the gateway rewrites each request ({', '.join(KNOBS)}); env: an environment "
+        "variable; file: a file the agent reads"
     )
     name: str | None = Field(default=None, description="via env: the variable name, e.g. AGENT_MAX_TURNS")
     path: str | None = Field(
@@ -182,6 +182,26 @@ class KnobSpec(_Strict):
     @property
     def options(self) -> list[Any]:
         return list(self.values if self.values is not None else self.files or [])
+
+
+def _check_gateway_knob(name: str, knob: KnobSpec) -> None:
+    """A `via: gateway` knob against the gateway's knob table: a knob it applies, options it would accept."""
+    gateway_knob = KNOBS.get(name)
+    if gateway_knob is None:
+        raise _FieldError(
+            f"knob {name!r} is `via: gateway`, but the gateway can only set {', '.join(sorted(KNOBS))}; use "
+            "`via: env` or `via: file` for anything else",
+            ("knobs", name, "via"),
+        )
+    if gateway_knob.from_files and knob.files is None:
+        raise _FieldError(f"knob {name!r} takes `files:` (one prompt file per option)", ("knobs", name))
+    if not gateway_knob.from_files and knob.values is None:
+        raise _FieldError(f"knob {name!r} takes `values:` ({gateway_knob.takes})", ("knobs", name))
+    for index, value in enumerate(knob.values or []):
+        try:
+            gateway_knob.check(value)
+        except ValueError as exc:
+            raise _FieldError(str(exc), ("knobs", name, "values", index)) from None
 
 
 class ProposerSpec(_Strict):
@@ -234,7 +254,8 @@ class ExperimentSpec(_Strict):
     model: str | None = Field(
         default=None,
         description="the default upstream/model: a call whose model name matches no upstream goes here (agl shows "
-        "which calls fell back to it)",
+        "which calls fell back to it); default: the only upstream, when there is one (its `model`, else the name "
+        "the agent asked for)",
     )
     prices: dict[str, PriceSpec] = Field(
         default_factory=dict,
@@ -267,15 +288,8 @@ class ExperimentSpec(_Strict):
         if self.runner == "kubernetes" and self.kubernetes is None:
             raise ValueError("`runner: kubernetes` needs a `kubernetes:` section, at least `image:`")
         for name, knob in self.knobs.items():
-            if knob.via == "gateway" and name not in GATEWAY_KNOBS:
-                raise _FieldError(
-                    f"knob {name!r} is `via: gateway`, but the gateway can only set "
-                    + ", ".join(sorted(GATEWAY_KNOBS))
-                    + "; use `via: env` or `via: file` for anything else",
-                    ("knobs", name, "via"),
-                )
-            if knob.via == "gateway" and name == "system_prompt" and knob.files is None:
-                raise _FieldError("knob 'system_prompt' takes `files:` (one prompt file per option)", ("knobs", name))
+            if knob.via == "gateway":
+                _check_gateway_knob(name, knob)
         if self.model is not None and "/" in self.model and self.upstreams:
             upstream = self.model.split("/", 1)[0]
             if upstream not in self.upstreams:

@@ -25,8 +25,8 @@ from agl_cli.controllers import make_controller, run_then_close
 from agl_cli.errors import ConfigError
 from agl_cli.evaluation import EvalRunner, PlannedRollout, make_plan
 from agl_cli.rundir import RunDir
+from agl_cli.services import RunServices, running_services
 from agl_cli.spec import ExperimentSpec
-from agl_cli.stack import Stack, running_stack
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant, baseline
 from rl_backend.store.db import RunStore
@@ -150,7 +150,7 @@ class TrainingRun:
     # The model being trained is served by the trainer itself (verl's rollout servers), not loaded by the stack.
     policy_served_by_trainer = False
 
-    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
+    def _start_backend(self, stack: RunServices, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         """(the trainer, where its new weights go): here the torch trainer and the embedded server's engine."""
         from rl_backend.serving.model_store import resolve_model_dir
         from rl_backend.trainer.loop import latest_checkpoint
@@ -196,7 +196,7 @@ class TrainingRun:
         for variant in (before, during):
             store.upsert_variant(variant.name, variant.hash, variant.settings)
         policy = self.upstream if self.policy_served_by_trainer else None
-        with running_stack(self.spec, store, log=self.log, policy=policy) as stack:
+        with running_services(self.spec, store, log=self.log, policy=policy) as stack:
             trainer, engine = self._start_backend(stack, checkpoints)
             try:
                 after = self._train(stack, store, trainer, engine, on_step, before, during, checkpoints)
@@ -210,7 +210,7 @@ class TrainingRun:
         return {"curve": [c.to_json() for c in curve], "trained_model": exported.get("model"),
                 "trained_adapter": exported.get("adapter"), "after_variant": after.name}
 
-    def _train(self, stack: Stack, store: RunStore, trainer: PolicyTrainer, engine: WeightSink,
+    def _train(self, stack: RunServices, store: RunStore, trainer: PolicyTrainer, engine: WeightSink,
                on_step: Callable[[Any], None], before: Variant, during: Variant, checkpoints: Path) -> Variant:
         """Held-out before, the training loop, held-out after; returns the after variant."""
         from rl_backend.trainer.curves import read_curve
@@ -243,7 +243,7 @@ class TrainingRun:
         run_plan(evaluator, make_plan([after], self.heldout, 1))
         return after
 
-    def _runner(self, stack: Stack, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
+    def _runner(self, stack: RunServices, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
         return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),
                           gateway_overrides=overrides)
 

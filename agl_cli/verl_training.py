@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from agl_cli.errors import ConfigError
 from agl_cli.rundir import RunDir
+from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec
-from agl_cli.stack import Stack
 from agl_cli.training import TrainingRun, TrainOptions, trained_upstream
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class VerlTrainingRun(TrainingRun):
         self.verl_config, self.settings = verl_config, settings
         self._verl: Any = None
 
-    def _start_backend(self, stack: Stack, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
+    def _start_backend(self, stack: RunServices, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         from rl_backend.trainer.loop import latest_checkpoint
         from rl_backend.trainer.verl_backend.trainer import VerlLaunchError, VerlTrainer, VerlWeightSink
 

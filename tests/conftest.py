@@ -129,7 +129,14 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
+def fake() -> FakeUpstream:
+    """The scripted upstream, served to the gateway in-process: no socket between them."""
+    return FakeUpstream(api_key=UPSTREAM_KEY)
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[FakeUpstream]:
+    """The scripted upstream on a loopback port: for an `agl` process to call, or to test the upstream's HTTP."""
     f = FakeUpstream(api_key=UPSTREAM_KEY).start()
     yield f
     f.stop()

@@ -12,11 +12,12 @@ import pytest
 
 from agl_cli.errors import ConfigError
 from agl_cli.spec import load_spec
-from rl_backend.gateway.config import ResolvedUpstream, UpstreamSpec
+from rl_backend.gateway.config import UpstreamSpec
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import Harness
-from rl_backend.gateway.record import start_recording
-from rl_backend.gateway.replay import Recording, request_key, start_replay_upstream
+from rl_backend.gateway.replay import Recording, request_key
+from rl_backend.gateway.replay_recorder import RecordingFile, RecordingTransport
+from rl_backend.gateway.resolver import started_upstreams
 from rl_backend.store.db import RunStore
 from tests.conftest import REPO, run_agl
 
@@ -73,53 +74,43 @@ def _calls(h: Harness, rollout: str) -> list[object]:
 
 def test_record_then_replay_through_the_gateway(tmp_path: Path) -> None:
     recording = tmp_path / "rec.jsonl"
-    fake, fake_claude = FakeUpstream(api_key=KEY).start(), FakeUpstream(api_key=KEY).start()
-    live = {
-        # free=False: priced like the hosted APIs these fakes stand in for
-        "openai": ResolvedUpstream(name="openai", api="openai", base_urls=[fake.base_url], api_key=KEY, free=False),
-        "claude": ResolvedUpstream(name="claude", api="anthropic", base_urls=[fake_claude.url], api_key=KEY, free=False),
+    fake, fake_claude = FakeUpstream(api_key=KEY), FakeUpstream(api_key=KEY)
+    live = {  # free=False: priced like the hosted APIs these fakes stand in for
+        "openai": fake.upstream("openai", api_key=KEY, free=False),
+        "claude": fake_claude.upstream("claude", api="anthropic", api_key=KEY, free=False),
     }
-    recorders = []
-    for name in list(live):
-        live[name], recorder = start_recording(live[name], recording)
-        recorders.append(recorder)
-    assert all(u.free is False for u in live.values())  # the loopback proxy does not make them free
-    try:
-        with Harness(fake, upstreams=live, default_model="openai/gpt-5-mini", store_dir=tmp_path / "a") as h:
-            recorded = _calls(h, "r1")
-    finally:
-        for server in [*recorders, fake, fake_claude]:
-            server.stop()
+    file = RecordingFile(recording)  # what `record_to:` puts in front of an upstream's own transport
+    live = {name: up.model_copy(update={"transport": RecordingTransport(up.transport, file)}) for name, up in live.items()}
+    with Harness(fake, upstreams=live, default_model="openai/gpt-5-mini", store_dir=tmp_path / "a") as h:
+        recorded = _calls(h, "r1")
     text = recording.read_text()
-    assert KEY not in text and len(text.splitlines()) == 4
+    assert KEY not in text and len(text.splitlines()) == 4 == file.written
     assert sorted(json.loads(line)["api"] for line in text.splitlines()) == [
         "anthropic.messages", "anthropic.messages", "openai.chat", "openai.chat"]
 
-    replay, servers = {}, []
-    for name, api in (("openai", "openai"), ("claude", "anthropic")):
-        replay[name], server = start_replay_upstream(name, recording, api=api)  # type: ignore[arg-type]
-        servers.append(server)
-    try:
-        with Harness(fake, upstreams=replay, default_model="openai/gpt-5-mini", store_dir=tmp_path / "b") as h:
-            assert _calls(h, "r2") == recorded  # the fake upstreams are stopped: every answer came from the file
-            chat, claude = _clients(h, "r3")
-            with pytest.raises(openai.NotFoundError) as miss:
-                chat.chat.completions.create(model="gpt-5-mini", temperature=0.5, tools=TOOLS, messages=[
-                    {"role": "system", "content": "be brief"}, {"role": "user", "content": "[[tool]] extract"}])
-            message = str(miss.value)
-            assert "replay: no recorded response" in message and "api=openai.chat model='gpt-5-mini'" in message
-            assert "parameter temperature: 0.5 here, None recorded" in message and "record_to" in message
-            with pytest.raises(openai.NotFoundError, match=r"the system prompt \(message 1\) differs"):
-                chat.chat.completions.create(model="gpt-5-mini", tools=TOOLS, messages=[
-                    {"role": "system", "content": "be verbose"}, {"role": "user", "content": "[[tool]] extract"}])
-            with pytest.raises(anthropic.NotFoundError, match="this conversation was never recorded"):
-                claude.messages.create(model="claude/claude-haiku-4-5", max_tokens=64,
-                                                  messages=[{"role": "user", "content": "a new question"}])
-            misses = [c for c in h.calls("r3") if c.status_code == 404]
-            assert len(misses) == 3 and all("replay: no recorded response" in (c.error or "") for c in misses)
-    finally:
-        for server in servers:
-            server.stop()
+    answered = len(fake.requests) + len(fake_claude.requests)
+    replays = {"openai": UpstreamSpec(kind="replay", path=str(recording), api="openai"),
+               "claude": UpstreamSpec(kind="replay", path=str(recording), api="anthropic")}
+    with (started_upstreams(replays) as replay,
+          Harness(fake, upstreams=replay.resolved, default_model="openai/gpt-5-mini", store_dir=tmp_path / "b") as h):
+        assert all(u.free is False for u in replay.resolved.values())  # priced like the API it recorded
+        assert _calls(h, "r2") == recorded
+        assert len(fake.requests) + len(fake_claude.requests) == answered  # every answer came from the file
+        chat, claude = _clients(h, "r3")
+        with pytest.raises(openai.NotFoundError) as miss:
+            chat.chat.completions.create(model="gpt-5-mini", temperature=0.5, tools=TOOLS, messages=[
+                {"role": "system", "content": "be brief"}, {"role": "user", "content": "[[tool]] extract"}])
+        message = str(miss.value)
+        assert "replay: no recorded response" in message and "api=openai.chat model='gpt-5-mini'" in message
+        assert "parameter temperature: 0.5 here, None recorded" in message and "record_to" in message
+        with pytest.raises(openai.NotFoundError, match=r"the system prompt \(message 1\) differs"):
+            chat.chat.completions.create(model="gpt-5-mini", tools=TOOLS, messages=[
+                {"role": "system", "content": "be verbose"}, {"role": "user", "content": "[[tool]] extract"}])
+        with pytest.raises(anthropic.NotFoundError, match="this conversation was never recorded"):
+            claude.messages.create(model="claude/claude-haiku-4-5", max_tokens=64,
+                                   messages=[{"role": "user", "content": "a new question"}])
+        misses = [c for c in h.calls("r3") if c.status_code == 404]
+        assert len(misses) == 3 and all("replay: no recorded response" in (c.error or "") for c in misses)
 
 
 def _eval(spec: str, tmp_path: Path, *args: str) -> tuple[dict, RunStore]:

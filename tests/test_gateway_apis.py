@@ -30,12 +30,9 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def fakes() -> Iterator[tuple[FakeUpstream, FakeUpstream]]:
-    f = FakeUpstream(api_key=UPSTREAM_KEY).start()
-    a = FakeUpstream(api_key=UPSTREAM_KEY).start()
-    yield f, a
-    f.stop()
-    a.stop()
+def fakes() -> tuple[FakeUpstream, FakeUpstream]:
+    """An OpenAI-style and an Anthropic-style upstream, both served to the gateway in-process."""
+    return FakeUpstream(api_key=UPSTREAM_KEY), FakeUpstream(api_key=UPSTREAM_KEY)
 
 
 @pytest.fixture()

@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from rl_backend.gateway.budget import SpendLimit
-from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY, Harness
 from rl_backend.store.db import RunStore
@@ -26,7 +25,7 @@ PRICES = {"tiny": {"input": 1000.0, "output": 1000.0}}  # USD per 1M tokens: a f
 
 
 def _paid_harness(fake: FakeUpstream, limit: SpendLimit) -> Harness:
-    paid = ResolvedUpstream(name="paid", api="openai", base_urls=[fake.base_url], api_key=UPSTREAM_KEY, free=False)
+    paid = fake.upstream("paid", api_key=UPSTREAM_KEY, free=False)
     return Harness(fake, upstreams={"paid": paid}, default_model="paid/tiny", prices=PRICES, spend_limit=limit)
 
 
@@ -108,9 +107,9 @@ def _write_paid_study(folder: Path, fake: FakeUpstream, budget_usd: float) -> No
     (folder / "agl.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
-def test_a_study_stops_at_the_budget_and_a_resume_reruns_the_refused(tmp_path: Path, fake: FakeUpstream) -> None:
-    fake.reset()
-    _write_paid_study(tmp_path, fake, budget_usd=0.0001)
+def test_a_study_stops_at_the_budget_and_a_resume_reruns_the_refused(tmp_path: Path, fake_server: FakeUpstream) -> None:
+    fake_server.reset()
+    _write_paid_study(tmp_path, fake_server, budget_usd=0.0001)
     env = {"PAID_KEY": UPSTREAM_KEY}
     first = run_agl(["optimize", "agl.yaml", "--strategy", "grid", "--json", "-q"], cwd=tmp_path, env=env)
     assert first.returncode in (0, 1), first.stderr

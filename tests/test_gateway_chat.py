@@ -1,10 +1,10 @@
-"""Gateway, OpenAI chat completions: real openai SDK -> gateway -> scripted fake upstream, all on loopback."""
+"""Gateway, OpenAI chat completions: real openai SDK -> gateway on loopback -> scripted fake upstream (in-process, or
+on loopback where the test is about replicas)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -23,10 +23,8 @@ PROMPT_IDS = [token_id(w) for w in ["system:", "Be", "brief.", "user:", "hello",
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    f = FakeUpstream(api_key=UPSTREAM_KEY, model_version="v7").start()
-    yield f
-    f.stop()
+def fake() -> FakeUpstream:
+    return FakeUpstream(api_key=UPSTREAM_KEY, model_version="v7")
 
 
 def test_non_streaming_call_is_recorded_exactly(h: Harness) -> None:
@@ -174,40 +172,37 @@ def test_secrets_never_reach_the_store(h: Harness) -> None:
 
 def test_model_routing(fake: FakeUpstream) -> None:
     fake.reset()
-    other = FakeUpstream().start()
-    try:
-        upstreams = {
-            "local": ResolvedUpstream(name="local", api="openai", base_urls=[fake.base_url], api_key=UPSTREAM_KEY),
-            "other": ResolvedUpstream(name="other", api="openai", base_urls=[other.base_url], default_model="dflt"),
-        }
-        with Harness(fake, upstreams=upstreams, default_model="local/tiny") as h:
-            client = h.openai("r1")
-            client.chat.completions.create(model="other/m-1", messages=MSGS)  # upstream/model
-            client.chat.completions.create(model="gpt-4o", messages=MSGS)  # unknown name -> default
-            client.chat.completions.create(model="local/a/b", messages=MSGS)  # model names may hold slashes
-            knobbed = h.openai("r2", {"model": "other/k"})
-            knobbed.chat.completions.create(model="local/tiny", messages=MSGS)  # the knob wins
-            got = [(r.upstream, r.request_model, r.model) for r in h.calls()]
-            assert got == [
-                ("other", "other/m-1", "m-1"),
-                ("local", "gpt-4o", "tiny"),
-                ("local", "local/a/b", "a/b"),
-                ("other", "local/tiny", "k"),
-            ]
-            assert h.calls("r2")[0].knobs_applied == {"model": "other/k"}
-            assert [r.body["model"] for r in other.requests] == ["m-1", "k"]
-            with pytest.raises(ValueError, match="names no upstream"):
-                h.rollout("r3", {"model": "nowhere/x"})
-        with (
-            Harness(fake, upstreams=upstreams, default_model=None) as h,
-            pytest.raises(openai.BadRequestError, match="names no upstream"),
-        ):
-            h.openai("r1").chat.completions.create(model="gpt-4o", messages=MSGS)
-        with Harness(fake, upstreams=upstreams, default_model="other") as h:
-            h.openai("r1").chat.completions.create(model="gpt-4o", messages=MSGS)  # bare upstream: its default model
-            assert h.calls()[0].model == "dflt"
-    finally:
-        other.stop()
+    other = FakeUpstream()
+    upstreams = {
+        "local": fake.upstream("local", api_key=UPSTREAM_KEY),
+        "other": other.upstream("other", default_model="dflt"),
+    }
+    with Harness(fake, upstreams=upstreams, default_model="local/tiny") as h:
+        client = h.openai("r1")
+        client.chat.completions.create(model="other/m-1", messages=MSGS)  # upstream/model
+        client.chat.completions.create(model="gpt-4o", messages=MSGS)  # unknown name -> default
+        client.chat.completions.create(model="local/a/b", messages=MSGS)  # model names may hold slashes
+        knobbed = h.openai("r2", {"model": "other/k"})
+        knobbed.chat.completions.create(model="local/tiny", messages=MSGS)  # the knob wins
+        got = [(r.upstream, r.request_model, r.model) for r in h.calls()]
+        assert got == [
+            ("other", "other/m-1", "m-1"),
+            ("local", "gpt-4o", "tiny"),
+            ("local", "local/a/b", "a/b"),
+            ("other", "local/tiny", "k"),
+        ]
+        assert h.calls("r2")[0].knobs_applied == {"model": "other/k"}
+        assert [r.body["model"] for r in other.requests] == ["m-1", "k"]
+        with pytest.raises(ValueError, match="names no upstream"):
+            h.rollout("r3", {"model": "nowhere/x"})
+    with (
+        Harness(fake, upstreams=upstreams, default_model=None) as h,
+        pytest.raises(openai.BadRequestError, match="names no upstream"),
+    ):
+        h.openai("r1").chat.completions.create(model="gpt-4o", messages=MSGS)
+    with Harness(fake, upstreams=upstreams, default_model="other") as h:
+        h.openai("r1").chat.completions.create(model="gpt-4o", messages=MSGS)  # bare upstream: its default model
+        assert h.calls()[0].model == "dflt"
 
 
 def test_knobs_rewrite_the_request(h: Harness) -> None:
@@ -242,11 +237,7 @@ def test_cost_from_the_price_table(fake: FakeUpstream) -> None:
     fake.reset()
     fake.cached_tokens = 2
     try:
-        upstreams = {
-            "openai": ResolvedUpstream(
-                name="openai", api="openai", base_urls=[fake.base_url], api_key=UPSTREAM_KEY, free=False
-            ),
-        }
+        upstreams = {"openai": fake.upstream("openai", api_key=UPSTREAM_KEY, free=False)}
         with Harness(
             fake, upstreams=upstreams, default_model="openai/gpt-4o-mini", prices={"my-model": {"input": 1.0, "output": 2.0}}
         ) as h:
@@ -287,9 +278,8 @@ def test_reward_endpoint(h: Harness) -> None:
     assert httpx.post(url, json={"reward": 1}, headers={"authorization": "Bearer nope"}).status_code == 401
 
 
-def test_replicas_stick_per_rollout(fake: FakeUpstream) -> None:
-    fake.reset()
-    second = FakeUpstream().start()
+def test_replicas_stick_per_rollout() -> None:
+    fake, second = FakeUpstream(api_key=UPSTREAM_KEY).start(), FakeUpstream().start()  # two replicas: two addresses
     try:
         upstreams = {
             "vllm": ResolvedUpstream(
@@ -308,6 +298,7 @@ def test_replicas_stick_per_rollout(fake: FakeUpstream) -> None:
                 placements[i] = delta[0] == 3
             assert 0 < sum(placements.values()) < 12  # and rollouts spread over both
     finally:
+        fake.stop()
         second.stop()
 
 

@@ -27,10 +27,8 @@ MSGS: Any = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    upstream = FakeUpstream(api_key=UPSTREAM_KEY).start()
-    yield upstream
-    upstream.stop()
+def fake() -> FakeUpstream:
+    return FakeUpstream(api_key=UPSTREAM_KEY)
 
 
 @pytest.fixture()

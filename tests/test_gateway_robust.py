@@ -19,6 +19,12 @@ from rl_backend.gateway.upstream import RetryPolicy
 MSGS = [{"role": "user", "content": "hello there"}]
 
 
+
+@pytest.fixture(scope="module")
+def fake(fake_server: FakeUpstream) -> FakeUpstream:
+    """Here the upstream's HTTP is under test (retries, resets, hang-ups, timeouts, failover): a loopback server."""
+    return fake_server
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,6 +4,7 @@ an agl.yaml as config, and a kill -9 under load that loses no call an agent got 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 import time
@@ -124,6 +125,39 @@ def test_serve_reads_upstreams_from_agl_yaml_and_generates_a_loopback_admin_toke
     finally:
         gw.stop()
 
+
+
+def _one_call(gw: Proc, rollout_id: str) -> Any:
+    reg = register(gw.url, gw.info["admin_token"], rollout_id)
+    client = openai.OpenAI(base_url=reg["openai_base_url"], api_key=reg["token"], max_retries=0)
+    return client.chat.completions.create(model="house-model", messages=MSGS).model_dump()
+
+
+def test_serve_sets_upstreams_up_as_eval_does_record_free_and_replay(fake: Proc, tmp_path: Path) -> None:
+    """The one resolver: `record_to:` keeps the answers, `free: false` leaves an unpriced call's cost unknown (never
+    $0), the only upstream takes names that match none, and `kind: replay` serves the recording back."""
+    live = {"kind": "openai-compatible", "base_url": fake.url, "record_to": "recordings/rec.jsonl", "free": False}
+    (tmp_path / "agl.yaml").write_text(yaml.safe_dump({"upstreams": {"hosted": live}}))
+    gw = spawn_serve([str(tmp_path / "agl.yaml"), "--store", str(tmp_path / "live.sqlite")])
+    try:
+        assert gw.info["default_model"] == "hosted"
+        answered = _one_call(gw, "rec1")
+    finally:
+        assert gw.stop() == 0
+    recording = tmp_path / "recordings" / "rec.jsonl"  # relative to agl.yaml's folder
+    assert [json.loads(line)["model"] for line in recording.read_text().splitlines()] == ["house-model"]
+    (call,) = _calls(tmp_path / "live.sqlite")
+    assert (call.status_code, call.model, call.cost_usd) == (200, "house-model", None)
+
+    replay = {"kind": "replay", "path": "recordings/rec.jsonl"}
+    (tmp_path / "agl.yaml").write_text(yaml.safe_dump({"upstreams": {"hosted": replay}}))
+    gw = spawn_serve([str(tmp_path / "agl.yaml"), "--store", str(tmp_path / "replay.sqlite")])
+    try:
+        assert _one_call(gw, "rep1") == answered
+    finally:
+        assert gw.stop() == 0
+    (call,) = _calls(tmp_path / "replay.sqlite")
+    assert call.status_code == 200 and call.upstream == "hosted" and call.cost_usd is None
 
 def test_kill_9_under_load_loses_no_answered_call(fake: Proc, tmp_path: Path) -> None:
     store = tmp_path / "gw.sqlite"

@@ -13,7 +13,7 @@ import pytest
 from rl_backend.gateway.anthropic_translate import chat_to_message, messages_to_chat
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import GatewayError
-from rl_backend.gateway.knobs import apply_anthropic_messages, apply_openai_responses, validate_knobs
+from rl_backend.gateway.knobs import apply_knobs, validate_knobs
 from rl_backend.gateway.pricing import PriceTable, Usage, upstream_is_free
 from rl_backend.gateway.routing import Router, replica_index
 from rl_backend.gateway.sse import SSEDecoder, encode_event
@@ -93,12 +93,13 @@ def test_knob_validation_and_application() -> None:
         with pytest.raises(ValueError):
             validate_knobs(bad)
     body: dict[str, Any] = {"input": [{"role": "system", "content": "old"}, {"role": "user", "content": "q"}]}
-    applied = apply_openai_responses(body, validate_knobs({"system_prompt": "new", "reasoning_effort": "high"}))
+    applied = apply_knobs(Api.openai_responses, body, validate_knobs({"system_prompt": "new", "reasoning_effort": "high"}))
     assert body["instructions"] == "new" and body["input"] == [{"role": "user", "content": "q"}]
     assert body["reasoning"] == {"effort": "high"} and set(applied) == {"system_prompt", "reasoning_effort"}
     msg: dict[str, Any] = {"system": [{"type": "text", "text": "old"}]}
-    applied = apply_anthropic_messages(
-        msg, validate_knobs({"system_prompt": {"text": "new", "mode": "prepend"}, "reasoning_effort": "low"})
+    applied = apply_knobs(
+        Api.anthropic_messages, msg,
+        validate_knobs({"system_prompt": {"text": "new", "mode": "prepend"}, "reasoning_effort": "low"}),
     )
     assert msg["system"] == [{"type": "text", "text": "new"}, {"type": "text", "text": "old"}]
     assert applied["reasoning_effort"] == "low" and applied["thinking"] == {"type": "enabled", "budget_tokens": 1024}
@@ -268,7 +269,8 @@ def test_rows_redact_secrets_echoed_into_requests_responses_and_errors() -> None
 
 
 def test_reasoning_effort_maps_to_an_anthropic_thinking_budget() -> None:
-    from rl_backend.gateway.knobs import apply_anthropic_messages
+    def apply_anthropic_messages(body: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
+        return apply_knobs(Api.anthropic_messages, body, knobs)
 
     body = {"model": "claude", "max_tokens": 500, "temperature": 0.2, "messages": [{"role": "user", "content": "hi"}]}
     applied = apply_anthropic_messages(body, {"reasoning_effort": "medium"})

@@ -72,12 +72,12 @@ def _run_dir(stderr: str) -> Path:
     return Path(line.removeprefix("run stored in ").strip())
 
 
-def test_declared_prices_give_each_variant_its_true_cost(tmp_path: Path, fake: FakeUpstream) -> None:
-    fake.reset()
+def test_declared_prices_give_each_variant_its_true_cost(tmp_path: Path, fake_server: FakeUpstream) -> None:
+    fake_server.reset()
     _spec(tmp_path, prices={"triage/small-1": SMALL, "triage/large-1": LARGE},
           knobs={"model": {"values": ["triage/small-1", "triage/large-1"], "via": "gateway"}}, budget={"usd": 1.0})
     result = run_agl(["eval", "agl.yaml", "--variant", "baseline", "--variant", "model=triage/large-1", "--json"],
-                     cwd=tmp_path, env=_env(fake), timeout=300)
+                     cwd=tmp_path, env=_env(fake_server), timeout=300)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     by_name = {v["name"]: v for v in doc["variants"]}
@@ -109,17 +109,17 @@ def test_declared_prices_give_each_variant_its_true_cost(tmp_path: Path, fake: F
 
 
 def test_a_missing_price_is_unknown_never_zero_and_a_budget_refuses_to_start(tmp_path: Path,
-                                                                            fake: FakeUpstream) -> None:
-    fake.reset()
+                                                                            fake_server: FakeUpstream) -> None:
+    fake_server.reset()
     knobs = {"model": {"values": ["triage/small-1", "triage/large-1"], "via": "gateway"}}
     _spec(tmp_path, prices={"triage/small-1": SMALL}, knobs=knobs, budget={"usd": 1.0})
-    env = _env(fake)
+    env = _env(fake_server)
     refused = CliRunner().invoke(app, ["eval", str(tmp_path / "agl.yaml"), "--runs-dir", str(tmp_path / "runs")],
                                  env=env)
     assert refused.exit_code == 2, refused.output
     assert "budget.usd ($1) cannot be enforced: triage/large-1 has no price" in refused.output
     assert "prices:" in refused.output and "triage/large-1: {input:" in refused.output
-    assert not (tmp_path / "runs").exists() and not fake.requests  # nothing ran, nothing was spent
+    assert not (tmp_path / "runs").exists() and not fake_server.requests  # nothing ran, nothing was spent
 
     _spec(tmp_path, prices={"triage/small-1": SMALL}, knobs=knobs)  # the same, without the budget
     result = run_agl(["eval", "agl.yaml", "--variant", "baseline", "--variant", "model=triage/large-1"],
@@ -145,12 +145,12 @@ def test_a_missing_price_is_unknown_never_zero_and_a_budget_refuses_to_start(tmp
 
 
 def test_a_model_named_by_the_agent_that_falls_back_to_the_default_is_never_silent(tmp_path: Path,
-                                                                                   fake: FakeUpstream) -> None:
-    fake.reset()
+                                                                                   fake_server: FakeUpstream) -> None:
+    fake_server.reset()
     _spec(tmp_path, prices={"triage/small-1": SMALL, "triage/large-1": LARGE},
           knobs={"agent_model": {"values": ["small-1", "large-1"], "via": "env", "name": "TRIAGE_MODEL"}})
     result = run_agl(["eval", "agl.yaml", "--variant", "baseline", "--variant", "agent_model=large-1"],
-                     cwd=tmp_path, env=_env(fake), timeout=300)
+                     cwd=tmp_path, env=_env(fake_server), timeout=300)
     assert result.returncode == 0, result.stderr
     calls = TASKS * CALLS_PER_TASK
     warning = (f"warning: variant agent_model=large-1: {calls} of {calls} calls asked for 'large-1' and were served "
@@ -192,11 +192,10 @@ def test_under_a_budget_the_gateway_refuses_a_call_it_could_not_price(fake: Fake
     import openai
 
     from rl_backend.gateway.budget import SpendLimit
-    from rl_backend.gateway.config import ResolvedUpstream
     from rl_backend.gateway.fake.harness import Harness
 
     fake.reset()
-    paid = ResolvedUpstream(name="triage", api="openai", base_urls=[fake.base_url], api_key=UPSTREAM_KEY)
+    paid = fake.upstream("triage", api_key=UPSTREAM_KEY)
     with Harness(fake, upstreams={"triage": paid}, default_model="triage/small-1",
                  prices={"triage/small-1": SMALL}, spend_limit=SpendLimit(1.0)) as h:
         client = h.openai("r1")

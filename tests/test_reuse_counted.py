@@ -46,9 +46,9 @@ def _eval(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run_agl(["eval", "agl.yaml", "--no-report", *args], cwd=folder, env=ENV, check=True)
 
 
-def test_reused_rollouts_are_marked_and_never_counted_as_spent(tmp_path: Path, fake: FakeUpstream) -> None:
-    fake.reset()
-    _write(tmp_path, fake, n_tasks=4)
+def test_reused_rollouts_are_marked_and_never_counted_as_spent(tmp_path: Path, fake_server: FakeUpstream) -> None:
+    fake_server.reset()
+    _write(tmp_path, fake_server, n_tasks=4)
     first = json.loads(_eval(tmp_path, "--json").stdout)
     paid = first["spend"]["usd"]
     assert paid > 0 and first["spend"]["rollouts_launched"] == 4 and first["spend"]["reused_rollouts"] == 0
@@ -84,16 +84,16 @@ def test_reused_rollouts_are_marked_and_never_counted_as_spent(tmp_path: Path, f
     assert "No model calls were made by this run. Not counted: 4 rollouts reused from earlier runs" in text
 
 
-def test_reused_cost_does_not_count_against_the_new_runs_budget(tmp_path: Path, fake: FakeUpstream) -> None:
-    fake.reset()
-    _write(tmp_path, fake, n_tasks=4)
+def test_reused_cost_does_not_count_against_the_new_runs_budget(tmp_path: Path, fake_server: FakeUpstream) -> None:
+    fake_server.reset()
+    _write(tmp_path, fake_server, n_tasks=4)
     first = json.loads(_eval(tmp_path, "--json").stdout)
     store = RunStore(Path(first["run_dir"]) / "store.sqlite")
     paid = sum(c.cost_usd or 0.0 for c in store.calls())
     store.close()
     # Two new tasks and a budget just below what the four reused rollouts cost when they ran: the new ones
     # (half that cost) fit, because the copies cost this run nothing.
-    _write(tmp_path, fake, n_tasks=6, budget_usd=paid * 0.9)
+    _write(tmp_path, fake_server, n_tasks=6, budget_usd=paid * 0.9)
     second = json.loads(_eval(tmp_path, "--json").stdout)
     assert second["status"] == "completed", second
     assert second["variants"][0]["n"] == 6 and second["variants"][0]["missing"] == 0

@@ -93,6 +93,16 @@ def test_variants_are_named_and_hashed_by_content(tmp_path: Path) -> None:
         ("temperature: {values: [0.0, 0.7], via: gateway}", "turns: {values: [1, 2], via: gateway}",
          ["can only set", "via: env"]),
         ("model: local/smollm2-135m-instruct\n", "model: remote/gpt\n", ["names upstream 'remote'"]),
+        # a gateway knob's options are checked against the gateway's knob table when the spec loads, not at the
+        # first rollout
+        ("temperature: {values: [0.0, 0.7], via: gateway}", "temperature: {values: [0.0, hot], via: gateway}",
+         ["agl.yaml:15", "`knobs.temperature.values.1`", "knob 'temperature' must be a finite number, got 'hot'"]),
+        ("temperature: {values: [0.0, 0.7], via: gateway}", "model: {values: [gpt-4o], via: gateway}",
+         ["`knobs.model.values.0`", "'upstream/model'"]),
+        ("temperature: {values: [0.0, 0.7], via: gateway}", "temperature: {files: [a.md], via: gateway}",
+         ["`knobs.temperature`", "takes `values:`"]),
+        ("temperature: {values: [0.0, 0.7], via: gateway}", "system_prompt: {values: [be brief], via: gateway}",
+         ["`knobs.system_prompt`", "takes `files:`"]),
         ("seeds: 2", "seeds: 0", ["agl.yaml:18", "seeds", "greater than or equal to 1"]),
         ("  local: {kind: embedded, model: smollm2-135m-instruct}", "  local: {kind: embedded}", ["needs `model`"]),
         ("  local: {kind: embedded,", "  local: {kind: ollama,", ["upstreams.local.kind", "'ollama'"]),

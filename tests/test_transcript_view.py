@@ -34,7 +34,7 @@ TICKETS = [
 
 
 @pytest.fixture(scope="module")
-def triage_run(tmp_path_factory: pytest.TempPathFactory, fake: FakeUpstream) -> tuple[Path, str]:
+def triage_run(tmp_path_factory: pytest.TempPathFactory, fake_server: FakeUpstream) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("triage")
     shutil.copy(FIXTURES / "hedged_triage_agent.py", folder / "hedged_triage_agent.py")
     tasks = [{"id": f"t{i}", "ticket": t, "label": label, "reply": reply} for i, (t, label, reply) in enumerate(TICKETS)]
@@ -44,7 +44,7 @@ def triage_run(tmp_path_factory: pytest.TempPathFactory, fake: FakeUpstream) -> 
         "agent": {"command": "python hedged_triage_agent.py {task_file} {output_file}", "timeout_s": 30},
         "tasks": {"path": "tasks.jsonl"},
         "grader": {"entry": "hedged_triage_agent:grade"},
-        "upstreams": {"hosted": {"kind": "openai-compatible", "base_url": fake.base_url, "api_key_env": "FAKE_KEY"}},
+        "upstreams": {"hosted": {"kind": "openai-compatible", "base_url": fake_server.base_url, "api_key_env": "FAKE_KEY"}},
         "model": "hosted/gpt-4o-mini",
     }, sort_keys=False))
     doc = json.loads(run_agl(["eval", "agl.yaml", "--json", "-q", "--no-report"], cwd=folder,

@@ -121,7 +121,7 @@ def execute_eval(
     from agl_cli.metrics.run import measure_run
     from agl_cli.progress import RolloutProgress
     from agl_cli.run_spend import own_usd, reused_among, run_spend
-    from agl_cli.stack import running_stack
+    from agl_cli.services import running_services
 
     console = stderr_console()
     store = run.open_store()
@@ -147,9 +147,9 @@ def execute_eval(
 
         spend_limit = SpendLimit(spec.budget.usd, spent_usd=own_usd(store),
                                  hint="raise budget.usd in agl.yaml and resume the run")
-    with running_stack(spec, store, log=console.print, spend_limit=spend_limit) as stack:
+    with running_services(spec, store, log=console.print, spend_limit=spend_limit) as services:
         controller = make_controller(spec, run.run_id)
-        runner = EvalRunner(spec, run, store, stack, controller, log=console.print)
+        runner = EvalRunner(spec, run, store, services, controller, log=console.print)
         todo = runner.pending(plan)
         reused_rollouts = reused_among(store, [item.key for item in plan], skip={item.key for item, _ in todo})
         done_before = len(plan) - len(todo) - len(reused_rollouts)

@@ -17,7 +17,7 @@ from agl_cli.cli_support import handle_errors
 from rl_backend.version import installed_version
 
 if TYPE_CHECKING:
-    from rl_backend.gateway.config import ResolvedUpstream, UpstreamSpec
+    from rl_backend.gateway.config import PriceSpec, ResolvedUpstream, UpstreamSpec
 
 app = typer.Typer(
     name="gateway",
@@ -28,7 +28,6 @@ app = typer.Typer(
 )
 
 ADMIN_TOKEN_ENV = "AGL_GATEWAY_ADMIN_TOKEN"
-_KINDS = ("openai", "anthropic", "openai-compatible", "embedded")
 
 
 class ExportFormat(str, Enum):
@@ -40,22 +39,28 @@ class ExportFormat(str, Enum):
 
 
 def parse_upstream_flag(text: str) -> tuple[str, UpstreamSpec]:
-    """`name=kind[:url[,url…]]`; for `embedded` the part after the colon is the model (`local=embedded:smollm2-…`)."""
+    """`name=kind[:url[,url…]]`; for `embedded` the part after the colon is the model (`local=embedded:smollm2-…`),
+    for `replay` the recording (`openai=replay:rec.jsonl`, an OpenAI-API one; agl.yaml can say `api: anthropic`)."""
+    from typing import get_args
+
     from pydantic import ValidationError
 
     from agl_cli.errors import UsageError
-    from rl_backend.gateway.config import UpstreamSpec
+    from rl_backend.gateway.config import UpstreamKind, UpstreamSpec
 
+    kinds = get_args(UpstreamKind)
     name, sep, rest = text.partition("=")
     kind, _, target = rest.partition(":")
-    if not sep or not name or kind not in _KINDS:
+    if not sep or not name or kind not in kinds:
         raise UsageError(
-            f"--upstream {text!r}: write name=kind:url with kind one of {', '.join(_KINDS)}",
+            f"--upstream {text!r}: write name=kind:url with kind one of {', '.join(kinds)}",
             hint="e.g. --upstream vllm=openai-compatible:http://127.0.0.1:8000/v1 --upstream openai=openai",
         )
     fields: dict[str, Any] = {"kind": kind}
     if kind == "embedded":
         fields["model"] = target or None
+    elif kind == "replay":
+        fields["path"] = target or None
     elif target:
         urls = [u for u in target.split(",") if u]
         fields["base_urls" if len(urls) > 1 else "base_url"] = urls if len(urls) > 1 else urls[0]
@@ -65,7 +70,7 @@ def parse_upstream_flag(text: str) -> tuple[str, UpstreamSpec]:
         raise UsageError(f"--upstream {text!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
-def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None, dict[str, dict[str, float]]]:
+def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None, dict[str, PriceSpec]]:
     """`upstreams:`, `model:` and `prices:` of an agl.yaml (with `${VAR}` filled in); the rest of the file is not
     needed (nor checked) here."""
     import os
@@ -80,84 +85,26 @@ def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None
     spec_path = path / "agl.yaml" if path.is_dir() else path
     doc = YamlDocument.load(spec_path)
     data = expand(doc, os.environ)
-    raw = data.get("upstreams") or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{spec_path}:{doc.line_of(('upstreams',))}: `upstreams` must be a mapping of name to upstream")
-    specs: dict[str, UpstreamSpec] = {}
-    for name, value in raw.items():
-        try:
-            specs[str(name)] = UpstreamSpec.model_validate(value)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = doc.line_of(("upstreams", name, *err["loc"]))
-            raise ConfigError(f"{spec_path}:{where}: `upstreams.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
+
+    def section(key: str, model: Any, what: str) -> dict[str, Any]:
+        raw = data.get(key) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{spec_path}:{doc.line_of((key,))}: `{key}` must be a mapping of {what}")
+        parsed: dict[str, Any] = {}
+        for name, value in raw.items():
+            try:
+                parsed[str(name)] = model.model_validate(value)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = doc.line_of((key, name, *err["loc"]))
+                raise ConfigError(f"{spec_path}:{where}: `{key}.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
+        return parsed
+
+    specs = section("upstreams", UpstreamSpec, "name to upstream")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{spec_path}:{doc.line_of(('model',))}: `model` must be a string such as upstream/model")
-    prices: dict[str, dict[str, float]] = {}
-    raw_prices = data.get("prices") or {}
-    if not isinstance(raw_prices, dict):
-        raise ConfigError(f"{spec_path}:{doc.line_of(('prices',))}: `prices` must map upstream/model to a price")
-    for name, value in raw_prices.items():
-        try:
-            prices[str(name)] = PriceSpec.model_validate(value).table_entry()
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = doc.line_of(("prices", name, *err["loc"]))
-            raise ConfigError(f"{spec_path}:{where}: `prices.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
-    return specs, model, prices
-
-
-def resolve_upstreams(
-    specs: dict[str, UpstreamSpec], *, token_ids: set[str], key_envs: dict[str, str], log: Any,
-    trained_elsewhere: bool = False,
-) -> tuple[dict[str, ResolvedUpstream], list[Any]]:
-    """ResolvedUpstreams, and the embedded model servers started for them (the caller stops those). With
-    `trained_elsewhere` (a gateway in a cluster), `kind: embedded` upstreams are the policy a trainer serves: they
-    wait for the trainer to register its servers instead of loading a model here."""
-    from agl_cli.errors import ConfigError, UsageError
-    from rl_backend.gateway.config import ResolvedUpstream
-
-    unknown = (token_ids | set(key_envs)) - set(specs)
-    if unknown:
-        raise UsageError(f"--token-ids/--api-key-env name upstreams that do not exist: {', '.join(sorted(unknown))}")
-    resolved: dict[str, ResolvedUpstream] = {}
-    servers: list[Any] = []
-    for name, spec in specs.items():
-        if spec.kind not in _KINDS:
-            raise ConfigError(
-                f"upstream {name!r} is `kind: {spec.kind}`, which `agl gateway serve` does not start",
-                hint=f"serve it yourself and point an openai-compatible upstream at it; kinds: {', '.join(_KINDS)}",
-            )
-        if spec.kind == "embedded" and trained_elsewhere:
-            from agl_cli.stack import policy_upstream
-
-            log(f"upstream {name!r} ({spec.model}) is the trained policy: its servers register with this gateway")
-            resolved[name] = policy_upstream(name, spec)
-            continue
-        if spec.kind == "embedded":
-            from rl_backend.serving.server import start_embedded_server
-
-            log(f"starting the embedded model server for {name!r} ({spec.model})")
-            server = start_embedded_server(model=str(spec.model))
-            servers.append(server)
-            resolved[name] = ResolvedUpstream(
-                name=name, api="openai", base_urls=[server.base_url + "/v1"], default_model=spec.model,
-                timeout_s=spec.timeout_s, returns_token_ids=True,
-            )
-            continue
-        env = key_envs.get(name) or spec.api_key_env or {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}.get(
-            spec.kind
-        )
-        key = os.environ.get(env) if env else None
-        if spec.kind in ("openai", "anthropic") and not key:
-            raise ConfigError(f"upstream {name!r} needs an API key in ${env}, which is not set",
-                              hint=f"export {env}=... (the gateway passes it to the upstream only; agents never see it)")
-        resolved[name] = ResolvedUpstream(
-            name=name, api="anthropic" if spec.kind == "anthropic" else "openai", base_urls=spec.urls(),
-            api_key=key, default_model=spec.model, timeout_s=spec.timeout_s, returns_token_ids=name in token_ids,
-        )
-    return resolved, servers
+    return specs, model, section("prices", PriceSpec, "upstream/model to a price")
 
 
 def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -179,7 +126,7 @@ def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
 @handle_errors
 def serve_command(
     config: Annotated[Optional[Path], typer.Argument(help="agl.yaml (or its folder): serve its `upstreams` and `model`.")] = None,  # noqa: UP045,E501
-    upstream: Annotated[Optional[list[str]], typer.Option("--upstream", "-u", help="name=kind:url[,url…] (kinds: openai, anthropic, openai-compatible, embedded); repeat.")] = None,  # noqa: UP045,E501
+    upstream: Annotated[Optional[list[str]], typer.Option("--upstream", "-u", help="name=kind:url[,url…] (kinds: openai, anthropic, openai-compatible; embedded:MODEL, replay:RECORDING); repeat.")] = None,  # noqa: UP045,E501
     model: Annotated[Optional[str], typer.Option(help="Default upstream/model for names that match no upstream.")] = None,  # noqa: UP045
     token_ids: Annotated[Optional[list[str]], typer.Option("--token-ids", help="Upstream NAME is vLLM-like: ask it for token ids and logprobs (embedded ones always are); repeat.")] = None,  # noqa: UP045,E501
     api_key_env: Annotated[Optional[list[str]], typer.Option("--api-key-env", help="NAME=ENV: upstream NAME's key is in $ENV; repeat.")] = None,  # noqa: UP045,E501
@@ -194,8 +141,9 @@ def serve_command(
     import secrets
 
     from agl_cli.console import print_json, stderr_console
-    from agl_cli.errors import UsageError
+    from agl_cli.errors import ConfigError, UsageError
     from agl_cli.rundir import runs_root
+    from rl_backend.gateway import resolver
     from rl_backend.gateway.app import is_loopback_host
 
     console = stderr_console()
@@ -214,48 +162,52 @@ def serve_command(
             )
         admin_token, generated = secrets.token_urlsafe(24), True  # loopback: a fresh one, shown once below
     specs: dict[str, UpstreamSpec] = {}
-    default_model = None
-    prices: dict[str, dict[str, float]] = {}
-    if config is not None or (not upstream and Path("agl.yaml").is_file()):
-        specs, default_model, prices = upstreams_from_yaml(config or Path("agl.yaml"))
+    declared_model = None
+    prices: dict[str, PriceSpec] = {}
+    spec_file = config or (Path("agl.yaml") if not upstream and Path("agl.yaml").is_file() else None)
+    if spec_file is not None:
+        specs, declared_model, prices = upstreams_from_yaml(spec_file)
     for flag in upstream or []:
         name, spec = parse_upstream_flag(flag)
         specs[name] = spec
     if not specs:
         raise UsageError("no upstreams: give an agl.yaml with `upstreams:`, or --upstream name=kind:url")
-    default_model = model or default_model
-    if default_model is None and len(specs) == 1:
-        only_name, only = next(iter(specs.items()))
-        default_model = f"{only_name}/{only.model}" if only.model else only_name
+    key_envs = _pairs(api_key_env, "--api-key-env")
+    unknown = (set(token_ids or []) | set(key_envs)) - set(specs)
+    if unknown:
+        raise UsageError(f"--token-ids/--api-key-env name upstreams that do not exist: {', '.join(sorted(unknown))}")
+    default_model = resolver.default_model(specs, model or declared_model)
     store_path = store or runs_root(None).parent / "gateway" / "store.sqlite"
-    resolved, model_servers = resolve_upstreams(
-        specs, token_ids=set(token_ids or []), key_envs=_pairs(api_key_env, "--api-key-env"), log=console.print,
-        trained_elsewhere=in_cluster,
-    )
+    # Paths in agl.yaml (a recording, `record_to`) are relative to its folder; those of flags to this one.
+    base = (spec_file if spec_file.is_dir() else spec_file.parent).resolve() if spec_file is not None else Path.cwd()
+    # In a cluster, `kind: embedded` upstreams are the policy a trainer trains: their servers register later.
+    policy = [name for name, spec in specs.items() if spec.kind == "embedded"] if in_cluster else []
     try:
-        ready: dict[str, Any] = {"store": str(store_path.resolve()), "upstreams": sorted(resolved),
-                                 "default_model": default_model, "pid": os.getpid()}
-        if generated:
-            ready["admin_token"] = admin_token
+        with resolver.started_upstreams(specs, resolve=lambda relative: base / Path(relative).expanduser(),
+                                        policy=policy, token_ids=token_ids or [], key_envs=key_envs,
+                                        log=console.print) as started:
+            ready: dict[str, Any] = {"store": str(store_path.resolve()), "upstreams": sorted(started.resolved),
+                                     "default_model": default_model, "pid": os.getpid()}
+            if generated:
+                ready["admin_token"] = admin_token
 
-        def announce(url: str) -> None:
-            ready["url"] = url
-            if json_output:
-                print_json(ready)
-            else:
-                console.print(f"gateway listening on {url} (store {ready['store']})")
-                if generated:
-                    console.print(f"admin token (generated; set {ADMIN_TOKEN_ENV} to choose one): {admin_token}")
+            def announce(url: str) -> None:
+                ready["url"] = url
+                if json_output:
+                    print_json(ready)
+                else:
+                    console.print(f"gateway listening on {url} (store {ready['store']})")
+                    if generated:
+                        console.print(f"admin token (generated; set {ADMIN_TOKEN_ENV} to choose one): {admin_token}")
 
-        summary = _serve(resolved, store_path, default_model, admin_token, bind, port, announce, prices)
-    finally:
-        for server in model_servers:
-            server.stop()
+            summary = _serve(started.resolved, store_path, default_model, admin_token, bind, port, announce, prices)
+    except resolver.UpstreamSetupError as exc:
+        raise ConfigError(str(exc), hint=exc.hint) from None
     console.print(f"gateway stopped: {summary['calls_recorded']} calls recorded in {store_path}")
 
 
 def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_model: str | None, admin_token: str,
-           host: str, port: int, announce: Any, prices: dict[str, dict[str, float]]) -> dict[str, Any]:
+           host: str, port: int, announce: Any, prices: dict[str, PriceSpec]) -> dict[str, Any]:
     """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM."""
     import logging
     import signal
@@ -273,7 +225,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
             gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token, prices=prices)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        from rl_backend.gateway.serverproto import CoalescingHttpToolsProtocol
+        from rl_backend.gateway.coalescing_http import CoalescingHttpToolsProtocol
 
         config = uvicorn.Config(
             gateway.app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",

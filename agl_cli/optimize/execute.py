@@ -101,8 +101,8 @@ class Executor:
 
 @contextlib.contextmanager
 def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> Iterator[Executor]:
-    """The study's store, ledger, model stack and runner, for as long as the block runs."""
-    from agl_cli.stack import running_stack
+    """The study's store, ledger, model services and runner, for as long as the block runs."""
+    from agl_cli.services import running_services
     from rl_backend.rollout.local import LocalController
 
     store = study.run.open_store()
@@ -123,8 +123,8 @@ def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> 
 
             hint = f"raise it with: agl optimize --resume {study.run.run_id} --budget-usd AMOUNT"
             spend_limit = SpendLimit(ledger.max_usd, spent_usd=ledger.spent_usd, hint=hint)
-        with running_stack(study.spec, store, log=console.print, spend_limit=spend_limit) as stack:
-            runner = StudyRunner(study.spec, study.run, store, stack, LocalController(), log=console.print)
+        with running_services(study.spec, store, log=console.print, spend_limit=spend_limit) as services:
+            runner = StudyRunner(study.spec, study.run, store, services, LocalController(), log=console.print)
             runner.ledger = ledger
             yield Executor(study, store, runner, ledger, console, cache=cache, quiet=quiet)
     finally:

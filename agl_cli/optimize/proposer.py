@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl_cli.errors import UsageError
+from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec, ProposerSpec
-from agl_cli.stack import Stack
 from rl_backend.store.records import CallRecord, Rollout
 
 # The meta-prompt is prose that people tune and review like any prompt, so it lives in a template file
@@ -170,20 +170,20 @@ class Reply:
 class ProposerClient:
     """Calls the proposer model through the running gateway, one scope id per proposal."""
 
-    def __init__(self, stack: Stack, settings: ProposerSpec) -> None:
+    def __init__(self, services: RunServices, settings: ProposerSpec) -> None:
         upstream = settings.model.partition("/")[0]
-        if stack.gateway is None or not stack.gateway_url or upstream not in stack.upstreams:
+        if services.gateway is None or not services.gateway_url or upstream not in services.upstreams:
             raise RuntimeError(f"the proposer's upstream {upstream!r} is not served by this study's gateway")
-        self.stack = stack
+        self.services = services
         self.settings = settings
-        self.api = stack.upstreams[upstream].api
-        self.timeout_s = stack.upstreams[upstream].timeout_s
+        self.api = services.upstreams[upstream].api
+        self.timeout_s = services.upstreams[upstream].timeout_s
 
     def ask(self, scope: str, message: str) -> Reply:
-        gateway = self.stack.gateway
+        gateway = self.services.gateway
         assert gateway is not None
         token = gateway.register_rollout(scope)
-        base = f"{self.stack.gateway_url}/rollouts/{scope}"
+        base = f"{self.services.gateway_url}/rollouts/{scope}"
         try:
             if self.api == "anthropic":
                 return self._anthropic(base, token, message)

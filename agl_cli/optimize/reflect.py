@@ -215,7 +215,7 @@ class ReflectSearch:
         shown = f"{len(failing)} failing transcript" + ("s" if len(failing) != 1 else "")
         self.console.print(f"proposal {n}: asking {self.settings.model} (parent {parent}, {shown})", markup=False)
         if self._client is None:
-            self._client = ProposerClient(self.executor.runner.stack, self.settings)
+            self._client = ProposerClient(self.executor.runner.services, self.settings)
         reply = self._client.ask(record.scope, build_request(self.knob, parent_text, transcripts))
         used = self.store.call_totals_by_rollout().get(record.scope)
         record.cost_usd = 0.0 if used is None else used.cost_usd

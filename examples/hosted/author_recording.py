@@ -6,7 +6,7 @@
 NOT a live capture. It starts a stand-in for the two APIs on loopback that answers in their documented response
 shapes (chat.completion with tool_calls and usage details; Messages `message` with text, thinking and tool_use
 blocks, stop_reason and usage), then runs `agl eval` on each live spec with its upstream pointed at the stand-in
-and `record_to:` set, so the recording is written by the same proxy, for the same requests, as a live run would.
+and `record_to:` set, so the recording is written by the same recorder, for the same requests, as a live run would.
 
 The stand-in's "model" knows each task's answer and errs on purpose, at rates it sets per trap (ambiguous dates,
 net-N payment terms, 1.234,50 amounts, distractor numbers, items to add up, CA$), per model, per reasoning setting

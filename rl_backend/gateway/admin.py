@@ -29,7 +29,8 @@ import asyncio
 import hmac
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from starlette.requests import Request
@@ -41,10 +42,39 @@ from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import presented_token, read_json_object
 from rl_backend.gateway.ids import check_rollout_id
 from rl_backend.gateway.knobs import validate_knobs
+from rl_backend.gateway.proxy import GatewayState
 from rl_backend.store.db import RunStore
 
-if TYPE_CHECKING:
-    from rl_backend.gateway.app import Gateway
+
+class RolloutGrant(Protocol):
+    token: str
+    knobs: dict[str, Any]
+
+
+T = TypeVar("T")
+
+
+class StoreQueue(Protocol):
+    async def call(self, fn: Callable[[RunStore], T]) -> T: ...
+
+
+class AdminTarget(Protocol):
+    """What these endpoints drive: the gateway (app.py), as far as its admin side goes."""
+
+    @property
+    def admin_token(self) -> str | None: ...
+    @property
+    def state(self) -> GatewayState: ...
+    @property
+    def writer(self) -> StoreQueue: ...
+
+    def pause(self, hold_s: float = 0.0) -> None: ...
+    def resume(self, model_version: str | None = None) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def rollout_entry(self, rollout_id: str) -> RolloutGrant | None: ...
+    def register_rollout(self, rollout_id: str, knobs: dict[str, Any] | None = None) -> str: ...
+    def unregister_rollout(self, rollout_id: str) -> None: ...
+    def set_endpoints(self, upstream: str, base_urls: list[str], model: str | None = None) -> None: ...
 
 
 def _path_id(rollout_id: str) -> None:
@@ -55,7 +85,7 @@ def _path_id(rollout_id: str) -> None:
 
 
 class AdminAPI:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: AdminTarget) -> None:
         self.gateway = gateway
         self._registered_at: dict[str, float] = {}  # by rollout id, for a retried registration's answer
 

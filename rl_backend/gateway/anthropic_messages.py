@@ -15,12 +15,11 @@ from rl_backend.gateway.exchange import (
     Exchange,
     bad_request,
     check_common,
+    check_fields,
     check_messages,
-    check_optional,
     usage_from_anthropic,
 )
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_anthropic_messages
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
 from rl_backend.store.records import Api
@@ -42,11 +41,7 @@ def validate_messages(body: dict[str, Any]) -> None:
         raise bad_request("`max_tokens` is required: a positive integer", "max_tokens")
     if body.get("system") is not None and not isinstance(body["system"], str | list):
         raise bad_request("`system` must be a string or an array of text blocks", "system")
-    for name in ("tools", "stop_sequences"):
-        check_optional(body, name, "array")
-    for name in ("tool_choice", "thinking", "metadata"):
-        check_optional(body, name, "object")
-    check_optional(body, "top_k", "int")
+    check_fields(body, array=("tools", "stop_sequences"), object=("tool_choice", "thinking", "metadata"), int=("top_k",))
 
 
 class MessageAccumulator:
@@ -114,22 +109,19 @@ class AnthropicExchange(Exchange):
     """What both ways of serving Messages share: the Anthropic error shape, also inside streams."""
 
     dialect: Dialect = "anthropic"
+    api = Api.anthropic_messages
+    validate = staticmethod(validate_messages)
 
     def error_event(self, message: str) -> bytes:
         return encode_json_event(error_body(502, message, "anthropic"), "error")
 
 
 class MessagesExchange(AnthropicExchange):
-    api = Api.anthropic_messages
     path = "/v1/messages"
+    asks_token_ids = False
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_messages(body)
-        super().__init__(body, route, token_ids=False)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_anthropic_messages(request, knobs)
-        self.request_record = request
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.acc = MessageAccumulator()
 
     def upstream_body(self) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.adapters import build_exchange
 from rl_backend.gateway.admin import AdminAPI
-from rl_backend.gateway.apis import build_exchange
 from rl_backend.gateway.budget import SpendLimit
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
@@ -33,7 +33,7 @@ from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import dialect_of, parse_json_object, presented_token, read_json_object
 from rl_backend.gateway.ids import check_rollout_id, shown_id
 from rl_backend.gateway.knobs import validate_knobs
-from rl_backend.gateway.pricing import PriceTable
+from rl_backend.gateway.pricing import DeclaredPrice, PriceTable
 from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
 from rl_backend.gateway.routing import Router
 from rl_backend.gateway.upstream import RetryPolicy, UpstreamClient
@@ -77,7 +77,7 @@ class Gateway:
         admin_token: str | None = None,
         record_token_ids: bool = True,
         max_body_bytes: int = 32 * 2**20,
-        prices: Mapping[str, Mapping[str, float]] | None = None,  # declared prices, by upstream/model or model
+        prices: Mapping[str, DeclaredPrice] | None = None,  # declared prices, by upstream/model or model
         retry: RetryPolicy | None = None,
         durable_before_reply: bool = True,
         pause_retry_after_s: float = 2.0,
@@ -266,6 +266,9 @@ class Gateway:
                 yield
             finally:
                 await self.services.client.aclose()
+                for transport in {id(u.transport): u.transport for u in self.router.upstreams.values()
+                                  if u.transport is not None}.values():
+                    await transport.aclose()
                 await anyio.to_thread.run_sync(self.writer.close)
 
         return Starlette(
@@ -313,7 +316,6 @@ class Gateway:
             rollout_id=rollout_id,
             request_model=request_model,
             agent_headers=headers,
-            knobs_applied={"model": entry.knobs["model"]} if "model" in entry.knobs else {},
             secrets=(*self._secrets, entry.token),
             started_at=started_at,
             t0=t0,

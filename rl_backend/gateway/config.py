@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -115,3 +115,5 @@ class ResolvedUpstream(BaseModel):
     registered_later: bool = False
     # The model name every call to this upstream carries (the name the registered servers answer to).
     serve_as: str | None = None
+    # How the gateway reaches it, when not over the network: a transport.Transport, such as an in-process app.
+    transport: Any = Field(default=None, exclude=True, repr=False)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from rl_backend.gateway.errors import Dialect, GatewayError
+from rl_backend.gateway.knobs import apply_knobs
 from rl_backend.gateway.pricing import Usage
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent
@@ -37,15 +39,27 @@ class Exchange(ABC):
     api: Api
     dialect: Dialect
     path: str  # upstream path, appended to the replica's base URL
+    asks_token_ids: ClassVar[bool] = True  # whether a vLLM-style upstream returns token ids for this API
 
-    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool) -> None:
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        """Check the agent's request (GatewayError 400), then make the request as recorded: a copy naming the
+        routed model, with the rollout's knobs applied."""
+        self.validate(body)
         self.route = route
         self.stream = body.get("stream") is True
-        self.token_ids = token_ids  # ask the upstream for token ids and logprobs (vLLM-style) and record them
+        # Ask the upstream for token ids and logprobs (vLLM-style) and record them.
+        self.token_ids = token_ids and self.asks_token_ids
         self.outcome = Outcome()
         self.output_started = False  # set by process_event at the first generated content (for ttft)
-        self.request_record: dict[str, Any] = {}
-        self.knobs_applied: dict[str, Any] = {}
+        request = dict(body)
+        request["model"] = route.model
+        self.knobs_applied = apply_knobs(self.api, request, knobs)
+        self.request_record = request
+
+    @staticmethod
+    @abstractmethod
+    def validate(body: dict[str, Any]) -> None:
+        """Raise GatewayError (400) for a request this API would refuse."""
 
     @abstractmethod
     def upstream_body(self) -> dict[str, Any]:
@@ -133,6 +147,13 @@ def check_messages(body: dict[str, Any], *, roles_key: str = "role") -> list[dic
         if not isinstance(m, dict) or not isinstance(m.get(roles_key), str):
             raise bad_request(f"`messages[{i}]` must be an object with a string `{roles_key}`", f"messages[{i}]")
     return messages
+
+
+def check_fields(body: dict[str, Any], **names_by_kind: tuple[str, ...]) -> None:
+    """check_optional for many fields: `int=("n", "seed"), bool=(...)`, by the kinds check_optional knows."""
+    for kind, names in names_by_kind.items():
+        for name in names:
+            check_optional(body, name, kind)
 
 
 def check_common(body: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -71,13 +72,37 @@ def split_url(url: str) -> tuple[Origin, str]:
     return origin, path
 
 
-class _Connection(asyncio.Protocol):
+class Progress:
+    """The reader of an answer waits (`wait`) until its writer makes progress (`wake`) or fails (`error`)."""
+
+    waiter: asyncio.Future[None] | None = None
+    error: HTTPError | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Until progress; the error if there is one; ReadTimeout after `timeout` seconds of silence."""
+        if self.error is not None:
+            raise self.error
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter, timeout)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+
+class _Connection(asyncio.Protocol, Progress):
     """One keep-alive connection; carries one request at a time. The parser calls the on_* methods."""
 
     def __init__(self, pool: H1Pool, origin: Origin) -> None:
         self.pool = pool
         self.origin = origin
-        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
@@ -140,7 +165,7 @@ class _Connection(asyncio.Protocol):
         self.head_done = True
         names = {n.lower() for n, _ in self.raw_headers}
         self.until_close = b"content-length" not in names and b"transfer-encoding" not in names
-        self._wake()
+        self.wake()
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
@@ -148,21 +173,16 @@ class _Connection(asyncio.Protocol):
         if self.buffered >= _PAUSE_AT and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
-        self._wake()
+        self.wake()
 
     def on_message_complete(self) -> None:
         if not self.head_done:
             return  # the end of a 1xx
         self.keep_alive = self.parser.should_keep_alive() and not self.until_close
         self.complete = True
-        self._wake()
+        self.wake()
 
     # -- waiting --------------------------------------------------------------------------------------------------
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def _fail(self, error: HTTPError) -> None:
         if self.error is None:
@@ -175,18 +195,6 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-
-    async def wait(self, timeout: float) -> None:
-        """Until the parser makes progress; ReadTimeout after `timeout` seconds of silence."""
-        if self.error is not None:
-            raise self.error
-        waiter = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(timeout, _expire, waiter, timeout)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self.waiter = None
 
     def take(self) -> bytes:
         data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -207,11 +215,37 @@ def _cause(exc: BaseException | None) -> str:
     return f" ({type(exc).__name__}: {exc})" if exc is not None else ""
 
 
-class Response:
+class BodyStream:
+    """A response body read as its source delivers it: a connection here, an in-process call in transport.py. The
+    source has `chunks`, `take()`, `complete`, `error` and `wait(timeout)` (ReadTimeout after that much silence)."""
+
+    _source: Any
+    _timeout: float
+    _decoder: Any = None
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        source = self._source
+        while True:
+            if source.chunks:
+                data = source.take()
+                yield self._decoder.decompress(data) if self._decoder is not None else data
+            elif source.complete:
+                return
+            elif source.error is not None:
+                raise source.error
+            else:
+                await source.wait(self._timeout)
+
+    async def aread(self) -> bytes:
+        parts = [chunk async for chunk in self.aiter_bytes()]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class Response(BodyStream):
     """An upstream response whose head has arrived; read its body with `aread()` or `aiter_bytes()`, then close."""
 
     def __init__(self, conn: _Connection, timeout: float) -> None:
-        self._conn = conn
+        self._source = conn
         self._timeout = timeout
         self._closed = False
         self.status_code = conn.status
@@ -224,29 +258,12 @@ class Response:
         encoding = headers.get("content-encoding", "identity").lower()
         self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32) if encoding in ("gzip", "deflate", "x-gzip") else None
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        while True:
-            if conn.chunks:
-                data = conn.take()
-                yield self._decoder.decompress(data) if self._decoder is not None else data
-            elif conn.complete:
-                return
-            elif conn.error is not None:
-                raise conn.error
-            else:
-                await conn.wait(self._timeout)
-
-    async def aread(self) -> bytes:
-        parts = [chunk async for chunk in self.aiter_bytes()]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
     def close(self) -> None:
         """Give the connection back when the answer was read to its end, else close it (the upstream sees that)."""
         if self._closed:
             return
         self._closed = True
-        conn = self._conn
+        conn = self._source
         if conn.complete and conn.keep_alive and not conn.closed and conn.error is None:
             conn.pool.release(conn)
         else:

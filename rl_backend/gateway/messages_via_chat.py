@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from rl_backend.gateway.anthropic_messages import AnthropicExchange, MessageAccumulator, validate_messages
+from rl_backend.gateway.anthropic_messages import AnthropicExchange, MessageAccumulator
 from rl_backend.gateway.anthropic_translate import (
     anthropic_usage,
     chat_to_message,
@@ -21,31 +21,24 @@ from rl_backend.gateway.anthropic_translate import (
     stop_reason,
 )
 from rl_backend.gateway.errors import error_body, upstream_error_message
-from rl_backend.gateway.exchange import int_list, usage_from_openai
-from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_anthropic_messages
-from rl_backend.gateway.openai_chat import ChatAccumulator, chat_logprobs
+from rl_backend.gateway.exchange import int_list
+from rl_backend.gateway.knobs import apply_knobs
+from rl_backend.gateway.openai_chat import ChatAccumulator, ask_upstream, chat_logprobs, read_answer, read_chunk
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event, is_done
 from rl_backend.store.records import Api
 
 
 class MessagesViaChatExchange(AnthropicExchange):
-    api = Api.anthropic_messages
     path = "/chat/completions"
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_messages(body)
-        super().__init__(body, route, token_ids=token_ids)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_anthropic_messages(request, knobs)
-        self.request_record = request
-        self.chat = messages_to_chat(request)
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
+        self.chat = messages_to_chat(self.request_record)
         if "reasoning_effort" in knobs:  # an OpenAI upstream has a place for it, unlike the Messages API
-            self.chat["reasoning_effort"] = knobs["reasoning_effort"]
-            self.knobs_applied["reasoning_effort"] = knobs["reasoning_effort"]
-        self.stops = [s for s in request.get("stop_sequences") or [] if isinstance(s, str)]
+            effort = {"reasoning_effort": knobs["reasoning_effort"]}
+            self.knobs_applied.update(apply_knobs(Api.openai_chat, self.chat, effort))
+        self.stops = [s for s in self.request_record.get("stop_sequences") or [] if isinstance(s, str)]
         self.chat_acc = ChatAccumulator(keep_logprobs=False)
         self.msg_acc = MessageAccumulator()
         self.started = False
@@ -57,13 +50,7 @@ class MessagesViaChatExchange(AnthropicExchange):
         self.done = False
 
     def upstream_body(self) -> dict[str, Any]:
-        body = dict(self.chat)
-        if self.stream:
-            body["stream_options"] = {"include_usage": True}
-        if self.token_ids:
-            body["return_token_ids"] = True
-            body["logprobs"] = True
-        return body
+        return ask_upstream(dict(self.chat), stream=self.stream, token_ids=self.token_ids)
 
     def error_from_upstream(self, status: int, body: bytes, content_type: str) -> tuple[bytes, str]:
         payload = error_body(status, upstream_error_message(body), "anthropic")
@@ -72,15 +59,9 @@ class MessagesViaChatExchange(AnthropicExchange):
     # -- whole answers --------------------------------------------------------------------------------------------
 
     def process_response(self, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise ValueError("the upstream's answer is not a chat.completion object")
         out = self.outcome
-        out.usage = usage_from_openai(data.get("usage"))
-        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
-        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
-        first = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
+        first = read_answer(data, out, "chat.completion")
         out.prompt_token_ids = int_list(data.get("prompt_token_ids"))
-        out.completion_token_ids = int_list(first.get("token_ids"))
         out.logprobs = chat_logprobs(first)
         out.response = chat_to_message(data, self.route.model, self.stops)
         return out.response
@@ -132,13 +113,10 @@ class MessagesViaChatExchange(AnthropicExchange):
         if is_done(event.data):
             self.done = True
             return self._finish()
-        chunk = loads(event.data)
-        if not isinstance(chunk, dict):
-            raise ValueError(f"stream chunk is {type(chunk).__name__}, not an object")
-        if chunk.get("error") is not None and not chunk.get("choices"):
-            err = chunk["error"]
-            self.outcome.error = str(err.get("message") if isinstance(err, dict) else err)
-            return [self.error_event(self.outcome.error)]
+        chunk, error = read_chunk(event.data)
+        if error is not None:
+            self.outcome.error = error
+            return [self.error_event(error)]
         self.chat_acc.add(chunk)
         out = self._start(chunk)
         for choice in chunk.get("choices") or []:
@@ -189,11 +167,5 @@ class MessagesViaChatExchange(AnthropicExchange):
         return out
 
     def collect(self) -> None:
-        out, acc = self.outcome, self.chat_acc
-        out.response = self.msg_acc.result()
-        out.usage = usage_from_openai(acc.usage)
-        out.upstream_model = acc.head.get("model")
-        out.model_version = acc.model_version
-        out.prompt_token_ids = acc.prompt_token_ids
-        out.completion_token_ids = acc.completion_token_ids()
-        out.logprobs = acc.logprobs()
+        self.outcome.response = self.msg_acc.result()
+        self.chat_acc.fill(self.outcome)

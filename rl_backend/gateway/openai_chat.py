@@ -7,21 +7,22 @@ what it receives, so it sees the response shape it would have got without the ga
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 from rl_backend.gateway.errors import error_body
 from rl_backend.gateway.exchange import (
     Exchange,
+    Outcome,
     bad_request,
     check_common,
+    check_fields,
     check_messages,
-    check_optional,
     int_list,
     usage_from_openai,
 )
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_openai_chat
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event, is_done
 from rl_backend.store.records import Api
@@ -30,13 +31,46 @@ from rl_backend.store.records import Api
 def validate_chat(body: dict[str, Any]) -> None:
     check_common(body)
     check_messages(body)
-    for name in ("max_tokens", "max_completion_tokens", "n", "top_logprobs", "seed"):
-        check_optional(body, name, "int")
-    for name in ("logprobs", "return_token_ids", "parallel_tool_calls"):
-        check_optional(body, name, "bool")
-    for name in ("stream_options", "response_format"):
-        check_optional(body, name, "object")
-    check_optional(body, "tools", "array")
+    check_fields(body, int=("max_tokens", "max_completion_tokens", "n", "top_logprobs", "seed"),
+                 bool=("logprobs", "return_token_ids", "parallel_tool_calls"),
+                 object=("stream_options", "response_format"), array=("tools",))
+
+
+def ask_upstream(body: dict[str, Any], *, stream: bool, token_ids: bool, logprobs: Any = True) -> dict[str, Any]:
+    """What the gateway asks an OpenAI upstream for on its own behalf: a stream's usage chunk, and from a vLLM-style
+    upstream token ids with `logprobs` (None: leave what the agent asked for)."""
+    if stream:
+        options = body.get("stream_options")
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    if token_ids:
+        body["return_token_ids"] = True
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+    return body
+
+
+def read_answer(data: Any, outcome: Outcome, kind: str) -> dict[str, Any]:
+    """Usage, model, version and completion ids of a whole chat or completions answer, into `outcome`; returns its
+    first choice. Raises ValueError for an answer of another shape."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise ValueError(f"the upstream's answer is not a {kind} object")
+    outcome.usage = usage_from_openai(data.get("usage"))
+    outcome.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
+    outcome.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
+    first: dict[str, Any] = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
+    outcome.completion_token_ids = int_list(first.get("token_ids"))
+    return first
+
+
+def read_chunk(data: str) -> tuple[dict[str, Any], str | None]:
+    """A chat or completions stream chunk, and the error it carries instead of choices (None for none)."""
+    chunk = loads(data)
+    if not isinstance(chunk, dict):
+        raise ValueError(f"stream chunk is {type(chunk).__name__}, not an object")
+    if chunk.get("error") is not None and not chunk.get("choices"):
+        err = chunk["error"]
+        return chunk, str(err.get("message") if isinstance(err, dict) else err)
+    return chunk, None
 
 
 def chat_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
@@ -152,20 +186,35 @@ class ChatAccumulator:
             return None
         return chat_logprobs({"logprobs": {"content": state["lp"]}})
 
+    def fill(self, out: Outcome) -> None:
+        """What the record keeps of the stream, but the response: usage, model, version, token ids, logprobs."""
+        out.usage = usage_from_openai(self.usage)
+        out.upstream_model = self.head.get("model")
+        out.model_version = self.model_version
+        out.prompt_token_ids = self.prompt_token_ids
+        out.completion_token_ids = self.completion_token_ids()
+        out.logprobs = self.logprobs()
+
 
 class OpenAIExchange(Exchange):
     """What chat and completions share: the asked-for shape, in-stream errors, [DONE]."""
 
     dialect = "openai"
 
-    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool) -> None:
-        super().__init__(body, route, token_ids=token_ids)
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         options = body.get("stream_options")
         self.want_usage_chunk = isinstance(options, dict) and options.get("include_usage") is True
         self.want_token_ids = body.get("return_token_ids") is True
-        # Set by a subclass when the gateway asked for logprobs the agent did not: they are stripped again.
-        self.forced_logprobs = False
+        self.want_logprobs = self.asks_logprobs(body)
+        # The gateway asks for logprobs the agent did not: they are stripped again from what it gets.
+        self.forced_logprobs = self.token_ids and not self.want_logprobs
         self.done = False
+
+    @staticmethod
+    @abstractmethod
+    def asks_logprobs(body: dict[str, Any]) -> bool:
+        """Whether the agent's own request asks for logprobs."""
 
     def error_event(self, message: str) -> bytes:
         return encode_json_event(error_body(502, message, "openai"))
@@ -196,18 +245,6 @@ class OpenAIExchange(Exchange):
                     modified = True
         return modified
 
-    def _record_response(self, data: Any, kind: str) -> dict[str, Any]:
-        """Usage, model and completion ids of a whole (non-streamed) answer; returns its first choice."""
-        if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
-            raise ValueError(f"the upstream's answer is not a {kind} object")
-        out = self.outcome
-        out.usage = usage_from_openai(data.get("usage"))
-        out.upstream_model = data.get("model") if isinstance(data.get("model"), str) else None
-        out.model_version = data.get("model_version") if isinstance(data.get("model_version"), str) else None
-        first: dict[str, Any] = data["choices"][0] if data["choices"] and isinstance(data["choices"][0], dict) else {}
-        out.completion_token_ids = int_list(first.get("token_ids"))
-        return first
-
     def _finish_response(self, data: dict[str, Any]) -> dict[str, Any]:
         self._strip(data)
         self.outcome.response = data
@@ -222,72 +259,54 @@ class OpenAIExchange(Exchange):
         chunk.pop("usage")
         return False, True
 
-    def _parse_chunk(self, event: SSEEvent) -> dict[str, Any] | None:
-        """The chunk as JSON; None for [DONE]. An error payload is remembered for the record."""
+    def process_event(self, event: SSEEvent) -> list[bytes]:
         if is_done(event.data):
             self.done = True
-            return None
-        chunk = loads(event.data)
-        if not isinstance(chunk, dict):
-            raise ValueError(f"stream chunk is {type(chunk).__name__}, not an object")
-        if chunk.get("error") is not None and not chunk.get("choices"):
-            err = chunk["error"]
-            self.outcome.error = str(err.get("message") if isinstance(err, dict) else err)
-        return chunk
-
-
-class ChatExchange(OpenAIExchange):
-    api = Api.openai_chat
-    path = "/chat/completions"
-
-    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_chat(body)
-        super().__init__(body, route, token_ids=token_ids)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_openai_chat(request, knobs)
-        self.request_record = request
-        self.want_logprobs = body.get("logprobs") is True
-        self.forced_logprobs = token_ids and not self.want_logprobs
-        self.acc = ChatAccumulator(keep_logprobs=self.want_logprobs)
-
-    def upstream_body(self) -> dict[str, Any]:
-        body = dict(self.request_record)
-        if self.stream:
-            options = body.get("stream_options")
-            body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        if self.token_ids:
-            body["return_token_ids"] = True
-            body["logprobs"] = True
-        return body
-
-    def process_response(self, data: Any) -> Any:
-        first = self._record_response(data, "chat.completion")
-        self.outcome.prompt_token_ids = int_list(data.get("prompt_token_ids"))
-        self.outcome.logprobs = chat_logprobs(first)
-        return self._finish_response(data)
-
-    def process_event(self, event: SSEEvent) -> list[bytes]:
-        chunk = self._parse_chunk(event)
-        if chunk is None:
             return [encode_event(event.data, event.event)]
-        if self.acc.add(chunk):
-            self.output_started = True
+        chunk, error = read_chunk(event.data)
+        if error is not None:
+            self.outcome.error = error  # remembered for the record
+        self._fold(chunk)
         drop, modified = self._strip_usage(chunk)
         if drop:
             return []
         modified |= self._strip(chunk)
         return [encode_json_event(chunk, event.event) if modified else event.encode()]
 
+    @abstractmethod
+    def _fold(self, chunk: dict[str, Any]) -> None:
+        """Fold one stream chunk into what the record will hold; set `output_started` at the first output."""
+
+
+class ChatExchange(OpenAIExchange):
+    api = Api.openai_chat
+    path = "/chat/completions"
+    validate = staticmethod(validate_chat)
+
+    def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
+        self.acc = ChatAccumulator(keep_logprobs=self.want_logprobs)
+
+    @staticmethod
+    def asks_logprobs(body: dict[str, Any]) -> bool:
+        return body.get("logprobs") is True
+
+    def upstream_body(self) -> dict[str, Any]:
+        return ask_upstream(dict(self.request_record), stream=self.stream, token_ids=self.token_ids)
+
+    def process_response(self, data: Any) -> Any:
+        first = read_answer(data, self.outcome, "chat.completion")
+        self.outcome.prompt_token_ids = int_list(data.get("prompt_token_ids"))
+        self.outcome.logprobs = chat_logprobs(first)
+        return self._finish_response(data)
+
+    def _fold(self, chunk: dict[str, Any]) -> None:
+        if self.acc.add(chunk):
+            self.output_started = True
+
     def collect(self) -> None:
-        out, acc = self.outcome, self.acc
-        out.response = acc.result()
-        out.usage = usage_from_openai(acc.usage)
-        out.upstream_model = acc.head.get("model")
-        out.model_version = acc.model_version
-        out.prompt_token_ids = acc.prompt_token_ids
-        out.completion_token_ids = acc.completion_token_ids()
-        out.logprobs = acc.logprobs()
+        self.outcome.response = self.acc.result()
+        self.acc.fill(self.outcome)
 
 
 def bad_route(api: str, route: Route) -> Exception:

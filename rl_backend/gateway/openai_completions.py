@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rl_backend.gateway.exchange import bad_request, check_common, check_optional, int_list, usage_from_openai
-from rl_backend.gateway.knobs import apply_openai_completions
-from rl_backend.gateway.openai_chat import OpenAIExchange
+from rl_backend.gateway.exchange import bad_request, check_common, check_fields, int_list, usage_from_openai
+from rl_backend.gateway.openai_chat import OpenAIExchange, ask_upstream, read_answer
 from rl_backend.gateway.routing import Route
-from rl_backend.gateway.sse import SSEEvent, encode_event, encode_json_event
 from rl_backend.store.records import Api
 
 
@@ -31,11 +29,8 @@ def validate_completions(body: dict[str, Any]) -> None:
     )
     if not ok:
         raise bad_request("`prompt` must be a string, an array of strings, or token ids", "prompt")
-    for name in ("max_tokens", "n", "logprobs", "seed", "best_of"):
-        check_optional(body, name, "int")
-    for name in ("echo", "return_token_ids"):
-        check_optional(body, name, "bool")
-    check_optional(body, "stream_options", "object")
+    check_fields(body, int=("max_tokens", "n", "logprobs", "seed", "best_of"), bool=("echo", "return_token_ids"),
+                 object=("stream_options",))
 
 
 def _token_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
@@ -49,40 +44,31 @@ def _token_logprobs(choice: Mapping[str, Any]) -> list[float] | None:
 class CompletionsExchange(OpenAIExchange):
     api = Api.openai_completions
     path = "/completions"
+    validate = staticmethod(validate_completions)
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_completions(body)
-        super().__init__(body, route, token_ids=token_ids)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_openai_completions(request, knobs)
-        self.request_record = request
-        self.want_logprobs = body.get("logprobs") is not None
-        self.forced_logprobs = token_ids and not self.want_logprobs
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.head: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
         self.model_version: str | None = None
 
+    @staticmethod
+    def asks_logprobs(body: dict[str, Any]) -> bool:
+        return body.get("logprobs") is not None
+
     def upstream_body(self) -> dict[str, Any]:
-        body = dict(self.request_record)
-        if self.stream:
-            options = body.get("stream_options")
-            body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        if self.token_ids:
-            body["return_token_ids"] = True
-            if not self.want_logprobs:
-                # 1, not 0: a server that tests `if logprobs:` would read 0 as "no logprobs".
-                body["logprobs"] = 1
-        return body
+        # 1, not 0: a server that tests `if logprobs:` would read 0 as "no logprobs".
+        return ask_upstream(dict(self.request_record), stream=self.stream, token_ids=self.token_ids,
+                            logprobs=None if self.want_logprobs else 1)
 
     def process_response(self, data: Any) -> Any:
-        first = self._record_response(data, "text_completion")
+        first = read_answer(data, self.outcome, "text_completion")
         self.outcome.prompt_token_ids = int_list(first.get("prompt_token_ids"))
         self.outcome.logprobs = _token_logprobs(first)
         return self._finish_response(data)
 
-    def _add(self, chunk: dict[str, Any]) -> None:
+    def _fold(self, chunk: dict[str, Any]) -> None:
         for key in ("id", "created", "model"):
             if chunk.get(key) is not None and key not in self.head:
                 self.head[key] = chunk[key]
@@ -109,17 +95,6 @@ class CompletionsExchange(OpenAIExchange):
             state["ids"].extend(int_list(choice.get("token_ids")) or [])
             if state["prompt_ids"] is None:
                 state["prompt_ids"] = int_list(choice.get("prompt_token_ids"))
-
-    def process_event(self, event: SSEEvent) -> list[bytes]:
-        chunk = self._parse_chunk(event)
-        if chunk is None:
-            return [encode_event(event.data, event.event)]
-        self._add(chunk)
-        drop, modified = self._strip_usage(chunk)
-        if drop:
-            return []
-        modified |= self._strip(chunk)
-        return [encode_json_event(chunk, event.event) if modified else event.encode()]
 
     def collect(self) -> None:
         out = self.outcome

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_optional, usage_from_openai
+from rl_backend.gateway.exchange import Exchange, bad_request, check_common, check_fields, usage_from_openai
 from rl_backend.gateway.jsonfast import loads
-from rl_backend.gateway.knobs import apply_openai_responses
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.sse import SSEEvent, encode_json_event
 from rl_backend.store.records import Api
@@ -23,25 +22,19 @@ def validate_responses(body: dict[str, Any]) -> None:
     check_common(body)
     if not isinstance(body.get("input"), str | list):
         raise bad_request("`input` must be a string or an array of input items", "input")
-    check_optional(body, "instructions", "string")
-    check_optional(body, "max_output_tokens", "int")
-    for name in ("reasoning", "text"):
-        check_optional(body, name, "object")
-    check_optional(body, "tools", "array")
+    check_fields(body, string=("instructions",), int=("max_output_tokens",), object=("reasoning", "text"),
+                 array=("tools",))
 
 
 class ResponsesExchange(Exchange):
     api = Api.openai_responses
     dialect = "openai"
     path = "/responses"
+    asks_token_ids = False
+    validate = staticmethod(validate_responses)
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
-        validate_responses(body)
-        super().__init__(body, route, token_ids=False)
-        request = dict(body)
-        request["model"] = route.model
-        self.knobs_applied = apply_openai_responses(request, knobs)
-        self.request_record = request
+        super().__init__(body, route, token_ids=token_ids, knobs=knobs)
         self.final: dict[str, Any] | None = None
         self.partial: list[str] = []
         self.last_sequence = 0

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from importlib import resources
 from urllib.parse import urlsplit
 
-from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.gateway.config import PriceSpec, ResolvedUpstream
+
+# A declared price as agl.yaml's `prices:` gives it, or as a mapping with the same keys.
+DeclaredPrice = PriceSpec | Mapping[str, float]
 
 
 @dataclass
@@ -36,7 +39,9 @@ class Price:
     cache_write: float | None = None
 
     @classmethod
-    def parse(cls, name: str, raw: Mapping[str, float]) -> Price:
+    def parse(cls, name: str, raw: DeclaredPrice) -> Price:
+        if isinstance(raw, PriceSpec):
+            raw = raw.table_entry()
         unknown = set(raw) - {"input", "output", "cached_input", "cache_write"}
         if unknown or "input" not in raw or "output" not in raw:
             raise ValueError(
@@ -79,7 +84,7 @@ class PriceTable:
     the rule that counts loopback and token-id upstreams as free (an upstream with any price declared for it is a
     paid one); only `free: true` on the upstream beats it."""
 
-    def __init__(self, declared: Mapping[str, Mapping[str, float] | Price] | None = None) -> None:
+    def __init__(self, declared: Mapping[str, DeclaredPrice | Price] | None = None) -> None:
         self._shipped = _load_shipped()
         self._declared = {
             name: raw if isinstance(raw, Price) else Price.parse(name, raw) for name, raw in (declared or {}).items()

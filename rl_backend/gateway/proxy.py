@@ -21,13 +21,14 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit
-from rl_backend.gateway.callrecord import Ending, build_record
 from rl_backend.gateway.errors import error_body, upstream_error_message
 from rl_backend.gateway.exchange import Exchange
-from rl_backend.gateway.h1client import HTTPError, ReadTimeout, Response
+from rl_backend.gateway.finished_call import Ending, build_record
+from rl_backend.gateway.h1client import HTTPError, ReadTimeout
 from rl_backend.gateway.jsonfast import dumps, loads
 from rl_backend.gateway.pricing import PriceTable
 from rl_backend.gateway.sse import SSEDecoder, SSEEvent
+from rl_backend.gateway.transport import UpstreamResponse
 from rl_backend.gateway.upstream import UpstreamClient, UpstreamUnavailable, close_quietly
 from rl_backend.gateway.writer import RecordWriter
 from rl_backend.store.records import CallRecord
@@ -78,7 +79,6 @@ class ProxyCall:
         rollout_id: str,
         request_model: str | None,
         agent_headers: dict[str, str],
-        knobs_applied: dict[str, Any],
         secrets: tuple[str, ...],
         started_at: float,
         t0: float,
@@ -88,7 +88,6 @@ class ProxyCall:
         self.rollout_id = rollout_id
         self.request_model = request_model
         self.agent_headers = agent_headers
-        self.knobs_applied = knobs_applied
         self.secrets = tuple(s for s in secrets if s)
         self.call_id = f"call-{_ID_PREFIX}{next(_ID_COUNTER):012x}"
         self.started_at = started_at  # when the request arrived (time.time)
@@ -183,7 +182,7 @@ class ProxyCall:
         finally:
             close_quietly(response)
 
-    async def _pass_error(self, send: Send, response: Response) -> None:
+    async def _pass_error(self, send: Send, response: UpstreamResponse) -> None:
         """An upstream error status after retries: the agent gets it as the upstream said it."""
         try:
             raw = await response.aread()
@@ -204,7 +203,7 @@ class ProxyCall:
         await self._commit()
         await self._send_whole(send, response.status_code, content, ctype, headers)
 
-    async def _whole(self, send: Send, response: Response) -> None:
+    async def _whole(self, send: Send, response: UpstreamResponse) -> None:
         try:
             raw = await response.aread()
         except ReadTimeout:
@@ -224,7 +223,7 @@ class ProxyCall:
         await self._commit()
         await self._send_whole(send, response.status_code, payload, "application/json", {})
 
-    async def _stream(self, send: Send, response: Response) -> None:
+    async def _stream(self, send: Send, response: UpstreamResponse) -> None:
         ex = self.exchange
         self.status = response.status_code
         await send({"type": "http.response.start", "status": response.status_code, "headers": self._headers(_SSE_HEADERS)})
@@ -343,7 +342,6 @@ class ProxyCall:
             call_id=self.call_id,
             rollout_id=self.rollout_id,
             request_model=self.request_model,
-            knobs_applied=self.knobs_applied,
             started_at=self.started_at,
             t0=self.t0,
             status=self.status,

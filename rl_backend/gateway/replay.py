@@ -1,6 +1,6 @@
 """Replay: serve recorded upstream responses back for the same requests, so an agent on a hosted API runs offline.
 
-A recording is JSONL, one line per upstream response (written by `record.py` when an upstream has `record_to:`):
+A recording is JSONL, one line per upstream response (written by `replay_recorder.py` when an upstream has `record_to:`):
 
     {"key": "<sha256>", "api": "openai.chat", "model": "gpt-5-mini", "match": {...}, "preview": "...",
      "status": 200, "headers": {"x-request-id": "..."}, "response": {...}}      # or "sse": "<raw event stream>"
@@ -22,14 +22,12 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-
-from rl_backend.gateway.config import ResolvedUpstream
 
 # Path suffix -> API; longest first (".../chat/completions" also ends in "completions").
 _APIS = (
@@ -253,7 +251,7 @@ _RERECORD = (
 
 
 class ReplayUpstream:
-    """An OpenAI- and Anthropic-compatible HTTP upstream that answers from a Recording."""
+    """An OpenAI- and Anthropic-compatible upstream (an ASGI app, served in-process) that answers from a Recording."""
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
@@ -303,40 +301,3 @@ def _error(status: int, message: str, anthropic: bool, code: str | None = None) 
     if anthropic:
         return JSONResponse({"type": "error", "error": {"type": "not_found_error", "message": message}}, status)
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}, status)
-
-
-class ReplayServer:
-    """A ReplayUpstream served on loopback; `base_url` is what a ResolvedUpstream points at."""
-
-    def __init__(self, path: Path | str, api: Literal["openai", "anthropic"] = "openai") -> None:
-        from rl_backend.httpserver import ServerThread
-
-        self.upstream = ReplayUpstream(Recording.load(path))
-        self.api = api
-        self._server = ServerThread(self.upstream.app)
-
-    def start(self) -> ReplayServer:
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    @property
-    def base_url(self) -> str:
-        """OpenAI style ends in /v1 (the gateway appends /chat/completions); Anthropic style is the root."""
-        root = self._server.base_url
-        return root + "/v1" if self.api == "openai" else root
-
-
-def start_replay_upstream(
-    name: str, path: Path | str, *, api: Literal["openai", "anthropic"] = "openai", default_model: str | None = None,
-    timeout_s: float = 600.0,
-) -> tuple[ResolvedUpstream, ReplayServer]:
-    """Start a replay server for `kind: replay`; the upstream is priced like the API it recorded (not free)."""
-    server = ReplayServer(path, api).start()
-    resolved = ResolvedUpstream(
-        name=name, api=api, base_urls=[server.base_url], default_model=default_model, timeout_s=timeout_s,
-        returns_token_ids=False, free=False,
-    )
-    return resolved, server

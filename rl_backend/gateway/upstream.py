@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rl_backend.gateway.h1client import H1Pool, HTTPError, ReadTimeout, Response
+from rl_backend.gateway.h1client import H1Pool, HTTPError, ReadTimeout
 from rl_backend.gateway.routing import Route
+from rl_backend.gateway.transport import Transport, UpstreamResponse
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, *range(500, 600)})
 # Before the response head, any failure (no connection, closed unanswered, bad HTTP) means no server answered this
@@ -52,7 +53,7 @@ class UpstreamUnavailable(Exception):
 
 @dataclass
 class Opened:
-    response: Response
+    response: UpstreamResponse
     attempts: int
     url: str
 
@@ -80,13 +81,14 @@ def retry_after_s(response: Any) -> float | None:
     return max(when.timestamp() - time.time(), 0.0)
 
 
-def close_quietly(response: Response) -> None:
+def close_quietly(response: UpstreamResponse) -> None:
     """Close an upstream response; one not read to its end closes its connection, which cancels the upstream work."""
     response.close()
 
 
 class UpstreamClient:
-    """Pooled upstream connections shared by all calls (created in the serving loop, which owns them)."""
+    """Pooled upstream connections shared by all calls (created in the serving loop, which owns them); an upstream
+    with a transport of its own (served in-process) is reached through that instead, with the same retries."""
 
     def __init__(self, retry: RetryPolicy | None = None, *, keepalive_s: float = 5.0) -> None:
         self.retry = retry or RetryPolicy()
@@ -118,13 +120,14 @@ class UpstreamClient:
         connect_timeout = min(self.retry.connect_timeout_s, upstream.timeout_s)
         connect_failures = 0
         attempt = 0
-        pool = self.pool
+        transport: Transport = upstream.transport if upstream.transport is not None else self.pool
         while True:
             attempt += 1
             # Stay on the rollout's replica; move to the next only when this one cannot be reached at all.
             url = urls[(route.replica + connect_failures) % len(urls)].rstrip("/") + path
             try:
-                response = await pool.post(url, headers, body, timeout=upstream.timeout_s, connect_timeout=connect_timeout)
+                response = await transport.post(url, headers, body, timeout=upstream.timeout_s,
+                                                connect_timeout=connect_timeout)
             except ReadTimeout as exc:
                 raise UpstreamUnavailable(
                     504, f"upstream {upstream.name!r} did not answer within {upstream.timeout_s:g} s ({url})"

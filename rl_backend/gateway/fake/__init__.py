@@ -1,4 +1,6 @@
-"""A scripted OpenAI- and Anthropic-compatible upstream for tests and benchmarks: a real HTTP server on loopback.
+"""A scripted OpenAI- and Anthropic-compatible upstream for tests and benchmarks: served to the gateway in-process
+(`upstream()`), or, once `start()`ed, as a real HTTP server on loopback for tests of the HTTP path itself and for
+other processes.
 
 Replies are deterministic (see replies.py). Faults are queued with `fail()` and consumed one per request, in order:
 `status` (an error status, optionally with Retry-After), `slow` (a delay before the first byte), `malformed`
@@ -10,12 +12,13 @@ Every request is kept in `requests` (path, headers, body) so tests can check wha
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from starlette.applications import Starlette
@@ -24,8 +27,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.fake import anthropic_shapes, openai_shapes
-from rl_backend.gateway.fake.replies import chat_reply, make_reply
+from rl_backend.gateway.fake.replies import Reply, chat_reply, make_reply
+from rl_backend.gateway.transport import IN_PROCESS_URL, InProcessTransport
 from rl_backend.httpserver import ServerThread
 
 
@@ -142,13 +147,10 @@ class FakeUpstream:
 
     @property
     def app(self) -> Starlette:
+        paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
+                 "messages": "/v1/messages"}
         return Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/v1/responses", self._responses, methods=["POST"]),
-                Route("/v1/messages", self._messages, methods=["POST"]),
-            ]
+            routes=[Route(path, functools.partial(self._answer, api=api), methods=["POST"]) for api, path in paths.items()]
         )
 
     def start(self) -> FakeUpstream:
@@ -169,6 +171,14 @@ class FakeUpstream:
     def base_url(self) -> str:
         """OpenAI-style base URL, ending in /v1."""
         return self.url + "/v1"
+
+    def upstream(self, name: str = "local", *, api: Literal["openai", "anthropic"] = "openai",
+                 **fields: Any) -> ResolvedUpstream:
+        """This fake as the gateway's upstream `name`: at its URL once started, else served in-process."""
+        started = self.server is not None
+        root = self.url if started else IN_PROCESS_URL
+        return ResolvedUpstream(name=name, api=api, base_urls=[root + "/v1" if api == "openai" else root],
+                                transport=None if started else InProcessTransport(self.app), **fields)
 
     async def _begin(self, request: Request, anthropic: bool) -> tuple[_Call, Response | None]:
         raw = await request.body()
@@ -214,48 +224,50 @@ class FakeUpstream:
         reset_at = fault.after_events if fault is not None and kind == "reset" else None
         return _Stream(self, encoded, delay, reset_at)
 
-    async def _chat(self, request: Request) -> Response:
-        call, early = await self._begin(request, anthropic=False)
+    async def _answer(self, request: Request, api: str) -> Response:
+        call, early = await self._begin(request, anthropic=api == "messages")
         if early is not None:
             return early
-        body, reply = call.body, chat_reply(call.body)
-        n, cached, version = call.n, self.cached_tokens, self.model_version
-        if body.get("stream"):
-            chunks = openai_shapes.chat_chunks(body, reply, n=n, cached=cached, version=version)
-            return self._sse(call, [*((None, c) for c in chunks), (None, "[DONE]")])
-        return JSONResponse(openai_shapes.chat_completion(body, reply, n=n, cached=cached, version=version))
-
-    async def _completions(self, request: Request) -> Response:
-        call, early = await self._begin(request, anthropic=False)
-        if early is not None:
-            return early
+        reply_of, events_of, whole_of = _SHAPES[api]
         body = call.body
-        texts, last = openai_shapes.completion_reply_inputs(body)
-        reply = make_reply(texts, last, tools=None, max_tokens=body.get("max_tokens"))
-        n, cached, version = call.n, self.cached_tokens, self.model_version
+        reply = reply_of(body)
+        shape = {"n": call.n, "cached": self.cached_tokens, "version": self.model_version}
         if body.get("stream"):
-            chunks = openai_shapes.completion_chunks(body, reply, n=n, cached=cached, version=version)
-            return self._sse(call, [*((None, c) for c in chunks), (None, "[DONE]")])
-        return JSONResponse(openai_shapes.completion(body, reply, n=n, cached=cached, version=version))
+            return self._sse(call, events_of(body, reply, **shape))
+        return JSONResponse(whole_of(body, reply, **shape))
 
-    async def _responses(self, request: Request) -> Response:
-        call, early = await self._begin(request, anthropic=False)
-        if early is not None:
-            return early
-        body = call.body
-        texts, last = openai_shapes.responses_inputs(body)
-        reply = make_reply(texts, last, tools=None, max_tokens=body.get("max_output_tokens"))
-        if body.get("stream"):
-            events = openai_shapes.response_events(body, reply, n=call.n, cached=self.cached_tokens)
-            return self._sse(call, events)
-        return JSONResponse(openai_shapes.response_object(body, reply, n=call.n, cached=self.cached_tokens))
 
-    async def _messages(self, request: Request) -> Response:
-        call, early = await self._begin(request, anthropic=True)
-        if early is not None:
-            return early
-        body, reply = call.body, chat_reply(call.body)
-        if body.get("stream"):
-            events = anthropic_shapes.message_events(body, reply, n=call.n, cached=self.cached_tokens)
-            return self._sse(call, events)
-        return JSONResponse(anthropic_shapes.message(body, reply, n=call.n, cached=self.cached_tokens))
+Events = list[tuple[str | None, Any]]
+
+
+def _openai_events(chunks: Callable[..., list[dict[str, Any]]]) -> Callable[..., Events]:
+    def events(body: dict[str, Any], reply: Reply, **shape: Any) -> Events:
+        return [*((None, c) for c in chunks(body, reply, **shape)), (None, "[DONE]")]
+
+    return events
+
+
+def _unversioned(shape: Callable[..., Any]) -> Callable[..., Any]:
+    """The Responses and Messages shapes carry no model version."""
+
+    def call(body: dict[str, Any], reply: Reply, *, version: str | None, **shape_args: Any) -> Any:
+        return shape(body, reply, **shape_args)
+
+    return call
+
+
+def _completion_reply(body: dict[str, Any]) -> Reply:
+    return make_reply(*openai_shapes.completion_reply_inputs(body), tools=None, max_tokens=body.get("max_tokens"))
+
+
+def _responses_reply(body: dict[str, Any]) -> Reply:
+    return make_reply(*openai_shapes.responses_inputs(body), tools=None, max_tokens=body.get("max_output_tokens"))
+
+
+# Per API: its reply, its stream's events, its whole answer.
+_SHAPES: dict[str, tuple[Callable[[dict[str, Any]], Reply], Callable[..., Events], Callable[..., Any]]] = {
+    "chat": (chat_reply, _openai_events(openai_shapes.chat_chunks), openai_shapes.chat_completion),
+    "completions": (_completion_reply, _openai_events(openai_shapes.completion_chunks), openai_shapes.completion),
+    "responses": (_responses_reply, _unversioned(openai_shapes.response_events), _unversioned(openai_shapes.response_object)),
+    "messages": (chat_reply, _unversioned(anthropic_shapes.message_events), _unversioned(anthropic_shapes.message)),
+}

@@ -1,4 +1,4 @@
-"""A gateway wired to fake upstreams on loopback, with a fresh run store: for tests and the overhead bench."""
+"""A gateway wired to fake upstreams (in-process, or on loopback once started), with a fresh run store: for tests."""
 
 from __future__ import annotations
 
@@ -37,15 +37,9 @@ class Harness:
         self.store_path = path
         self.store = RunStore(path)
         if upstreams is None:
-            upstreams = {
-                "local": ResolvedUpstream(
-                    name="local", api="openai", base_urls=[fake.base_url], api_key=UPSTREAM_KEY, returns_token_ids=True
-                )
-            }
+            upstreams = {"local": fake.upstream("local", api_key=UPSTREAM_KEY, returns_token_ids=True)}
             if fake_anthropic is not None:
-                upstreams["claude"] = ResolvedUpstream(
-                    name="claude", api="anthropic", base_urls=[fake_anthropic.url], api_key=UPSTREAM_KEY, free=False
-                )
+                upstreams["claude"] = fake_anthropic.upstream("claude", api="anthropic", api_key=UPSTREAM_KEY, free=False)
         gateway_options.setdefault("retry", FAST_RETRY)
         self.gateway = Gateway(upstreams, self.store, default_model=default_model, **gateway_options)
         self.server: ServerThread = start_gateway(self.gateway)

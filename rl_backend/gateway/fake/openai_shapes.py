@@ -16,20 +16,13 @@ CREATED = 1_700_000_000
 
 def usage(reply: Reply, cached: int, *, responses: bool = False) -> dict[str, Any]:
     p, c = len(reply.prompt_ids), len(reply.ids)
-    if responses:
-        return {
-            "input_tokens": p,
-            "output_tokens": c,
-            "total_tokens": p + c,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        }
+    inp, out = ("input", "output") if responses else ("prompt", "completion")  # Responses' names, or chat's
     return {
-        "prompt_tokens": p,
-        "completion_tokens": c,
+        f"{inp}_tokens": p,
+        f"{out}_tokens": c,
         "total_tokens": p + c,
-        "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        f"{inp}_tokens_details": {"cached_tokens": cached},
+        f"{out}_tokens_details": {"reasoning_tokens": 0},
     }
 
 

@@ -18,7 +18,6 @@ class Ending:
     call_id: str
     rollout_id: str
     request_model: str | None
-    knobs_applied: dict[str, Any]
     started_at: float  # time.time() at arrival
     t0: float  # the same instant on perf_counter
     status: int | None
@@ -68,5 +67,5 @@ def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
         completion_token_ids=out.completion_token_ids,
         logprobs=out.logprobs,
         model_version=out.model_version or end.model_version,
-        knobs_applied={**end.knobs_applied, **ex.knobs_applied},
+        knobs_applied=ex.knobs_applied,
     )
