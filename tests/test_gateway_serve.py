@@ -138,7 +138,7 @@ def test_serve_sets_upstreams_up_as_eval_does_record_free_and_replay(fake: Proc,
     $0), the only upstream takes names that match none, and `kind: replay` serves the recording back."""
     live = {"kind": "openai-compatible", "base_url": fake.url, "record_to": "recordings/rec.jsonl", "free": False}
     (tmp_path / "agl.yaml").write_text(yaml.safe_dump({"upstreams": {"hosted": live}}))
-    gw = spawn_serve([str(tmp_path / "agl.yaml"), "--store", str(tmp_path / "live.sqlite")])
+    gw = spawn_serve(GATEWAY_SERVE, [str(tmp_path / "agl.yaml"), "--store", str(tmp_path / "live.sqlite")])
     try:
         assert gw.info["default_model"] == "hosted"
         answered = _one_call(gw, "rec1")
@@ -151,7 +151,7 @@ def test_serve_sets_upstreams_up_as_eval_does_record_free_and_replay(fake: Proc,
 
     replay = {"kind": "replay", "path": "recordings/rec.jsonl"}
     (tmp_path / "agl.yaml").write_text(yaml.safe_dump({"upstreams": {"hosted": replay}}))
-    gw = spawn_serve([str(tmp_path / "agl.yaml"), "--store", str(tmp_path / "replay.sqlite")])
+    gw = spawn_serve(GATEWAY_SERVE, [str(tmp_path / "agl.yaml"), "--store", str(tmp_path / "replay.sqlite")])
     try:
         assert _one_call(gw, "rep1") == answered
     finally:

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import FIXTURES, agl_env, run_agl, write_tasks
+from tests.conftest import agl_env, run_agl
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,22 +37,11 @@ TRAIN = ["--backend", "verl", "--device", "cpu", "--tasks-per-step", "2", "--gro
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.fixtures.tiny_model import make_tiny_model
+    from tests.fixtures.tiny_model import make_tiny_model, write_training_project
 
     folder = tmp_path_factory.mktemp("verl-cpu")
     make_tiny_model(folder / "tiny")
-    write_tasks(folder / "tasks.jsonl", [{"id": f"t{i}", "question": f"Say something about {i}.",
-                                          "split": "train" if i < 8 else "val"} for i in range(12)])
-    (folder / "agl.yaml").write_text(yaml.safe_dump({
-        "name": "tinyverl",
-        "agent": {"command": f"python {FIXTURES / 'two_turn_agent.py'}", "timeout_s": 120},
-        "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
-        "grader": {"command": f"python {FIXTURES / 'seed_grader.py'} {{task_file}} {{output_file}}"},
-        "upstreams": {"local": {"kind": "embedded", "model": "tiny"}},
-        "model": "local/tiny",
-        "concurrency": 4,
-    }))
-    return folder / "agl.yaml"
+    return write_training_project(folder, "tiny")
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ Each `agl` run's stderr (tail) comes back as <stage>.log beside the JSON.
 
 On the GPU machine (device tool; build `.whl` here first with `python bench/gpu/carry.py`, and name `.whl` in the
 run's carry list), the whole command:
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 bench/gpu/verl_gpu_check.py --out $OUT
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 && python3 bench/gpu/verl_gpu_check.py --out $OUT
 with timeout_s=540 (the command is one line, as the device tool takes it): the check stops its last `agl` run
 450 s after it starts (--budget-s), so it ends within 8 minutes.
 Here, on the CPU:  python bench/gpu/verl_gpu_check.py --device cpu --out /tmp/verl-check
@@ -213,20 +213,9 @@ def build_project(folder: Path, device: str, hidden: int | None, layers: int | N
     model.save_pretrained(model_dir)
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, model_dir / name)
-    tasks = [{"id": f"t{i}", "question": f"Say something about {i}.", "split": "train" if i < 8 else "val"}
-             for i in range(12)]
-    (folder / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    python = shlex.quote(sys.executable)
-    spec = {
-        "name": "verlgpucheck",
-        "agent": {"command": f"{python} {shlex.quote(str(FIXTURES / 'two_turn_agent.py'))}", "timeout_s": 120},
-        "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
-        "grader": {"command": f"{python} {shlex.quote(str(FIXTURES / 'seed_grader.py'))} {{task_file}} {{output_file}}"},
-        "upstreams": {"local": {"kind": "embedded", "model": "model"}},
-        "model": "local/model",
-        "concurrency": 4,
-    }
-    (folder / "agl.yaml").write_text(json.dumps(spec, indent=1))  # JSON is YAML
+    from tests.fixtures.tiny_model import write_training_project
+
+    write_training_project(folder, "model", name="verlgpucheck")
     return {"ok": True, "spec": str(folder / "agl.yaml"), "tokenizer_from": str(source),
             "parameters": sum(p.numel() for p in model.parameters()),
             "config": {"hidden": hidden, "layers": layers, "heads": heads, "vocab": 49152}}

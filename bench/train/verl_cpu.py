@@ -23,26 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
 def tiny_project(folder: Path) -> Path:
-    from tests.conftest import FIXTURES, write_tasks
-    from tests.fixtures.tiny_model import make_tiny_model
+    from tests.fixtures.tiny_model import make_tiny_model, write_training_project
 
     make_tiny_model(folder / "tiny")
-    write_tasks(folder / "tasks.jsonl", [{"id": f"t{i}", "question": f"Say something about {i}.",
-                                          "split": "train" if i < 8 else "val"} for i in range(12)])
-    (folder / "agl.yaml").write_text(yaml.safe_dump({
-        "name": "tinyverl", "agent": {"command": f"python {FIXTURES / 'two_turn_agent.py'}", "timeout_s": 120},
-        "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
-        "grader": {"command": f"python {FIXTURES / 'seed_grader.py'} {{task_file}} {{output_file}}"},
-        "upstreams": {"local": {"kind": "embedded", "model": "tiny"}}, "model": "local/tiny", "concurrency": 4,
-    }))
-    return folder / "agl.yaml"
+    return write_training_project(folder, "tiny")
 
 
 def main() -> int:
