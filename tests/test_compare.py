@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from rl_backend.store.db import RunStore
-from tests.conftest import invoke_agl, run_agl
+from tests.helpers import invoke_agl, run_agl
 from tests.test_optimize import write_synth_spec
 
 

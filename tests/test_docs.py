@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from agl_cli import docgen
 from agl_cli.main import app
 from agl_cli.spec import ExperimentSpec
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_the_reference_docs_match_the_code() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rl_backend.store.db import RunStore
-from tests.conftest import REPO, run_agl
+from tests.helpers import REPO, run_agl
 
 pytestmark = pytest.mark.usefixtures("smollm2")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rl_backend.store.db import RunStore
-from tests.conftest import REPO, run_agl
+from tests.helpers import REPO, run_agl
 
 pytestmark = [pytest.mark.usefixtures("smollm2"), pytest.mark.slow]
 

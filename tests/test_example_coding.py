@@ -14,7 +14,7 @@ import yaml
 
 from rl_backend.httpserver import ServerThread
 from rl_backend.store.db import RunStore
-from tests.conftest import REPO, run_agl
+from tests.helpers import REPO, run_agl
 
 EXAMPLE = REPO / "examples" / "coding"
 

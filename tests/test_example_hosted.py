@@ -19,7 +19,7 @@ from rl_backend.gateway.replay import Recording, request_key
 from rl_backend.gateway.replay_recorder import RecordingFile, RecordingTransport
 from rl_backend.gateway.resolver import started_upstreams
 from rl_backend.store.db import RunStore
-from tests.conftest import REPO, run_agl
+from tests.helpers import REPO, run_agl
 
 EXAMPLE = REPO / "examples" / "hosted"
 KEY = "sk-live-key-never-recorded"

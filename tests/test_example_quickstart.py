@@ -14,7 +14,7 @@ import pytest
 
 from agl_cli.spec import load_spec
 from agl_cli.tasks import load_tasks
-from tests.conftest import REPO, run_agl
+from tests.helpers import REPO, run_agl
 
 QUICKSTART = REPO / "examples" / "quickstart"
 CALC = REPO / "examples" / "calc"

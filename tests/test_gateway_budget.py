@@ -18,7 +18,7 @@ from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY, Harness
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, RolloutStatus
-from tests.conftest import FIXTURES, run_agl
+from tests.helpers import FIXTURES, run_agl
 
 MSGS = [{"role": "user", "content": "hello there"}]
 PRICES = {"tiny": {"input": 1000.0, "output": 1000.0}}  # USD per 1M tokens: a few cents per fake call

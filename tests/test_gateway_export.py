@@ -14,7 +14,7 @@ import pytest
 from rl_backend.gateway import export
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord
-from tests.conftest import invoke_agl, run_agl
+from tests.helpers import invoke_agl, run_agl
 
 
 def _records() -> list[CallRecord]:

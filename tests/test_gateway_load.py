@@ -14,7 +14,7 @@ import pytest
 
 from rl_backend.gateway.fake.procs import Proc, register, spawn_fast_fake, spawn_gateway
 from rl_backend.store.db import RunStore
-from tests.conftest import GATEWAY_SERVE
+from tests.helpers import GATEWAY_SERVE
 
 CALLS = 2000
 CONCURRENCY = 64

@@ -20,7 +20,7 @@ from rl_backend.gateway.fake.procs import Proc, spawn_fast_fake, spawn_gateway
 from rl_backend.gateway.remote import RemoteGateway, RemoteGatewayError, from_environment
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import CallRecord, RolloutStatus
-from tests.conftest import FIXTURES, GATEWAY_SERVE, run_agl
+from tests.helpers import FIXTURES, GATEWAY_SERVE, run_agl
 
 ADMIN = "admin-secret-for-remote-tests"
 MSGS: Any = [{"role": "user", "content": "hello there"}]

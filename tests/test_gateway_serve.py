@@ -19,7 +19,7 @@ import yaml
 
 from rl_backend.gateway.fake.procs import Proc, register, spawn_fast_fake, spawn_gateway, spawn_serve
 from rl_backend.store.db import RunStore
-from tests.conftest import GATEWAY_SERVE
+from tests.helpers import GATEWAY_SERVE
 
 ADMIN = "admin-secret-for-tests"
 MSGS: Any = [{"role": "user", "content": "hello there"}]

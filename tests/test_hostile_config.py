@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from agl_cli.main import app
 from agl_cli.spec import load_spec
-from tests.conftest import write_spec
+from tests.helpers import write_spec
 
 BASE = """\
 agent: {command: "python agent.py {task_file} {output_file}", timeout_s: 5}

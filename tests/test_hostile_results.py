@@ -23,7 +23,7 @@ from agl_cli.main import app
 from rl_backend.httpserver import ServerThread
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, RolloutStatus
-from tests.conftest import FIXTURES, agl_env, run_agl, write_spec
+from tests.helpers import FIXTURES, agl_env, run_agl, write_spec
 
 AGENT = f"python {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"python {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"

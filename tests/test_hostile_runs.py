@@ -19,8 +19,8 @@ from agl_cli.main import app
 from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import Rollout, RolloutStatus
 from rl_backend.store.runlock import RunLock, lock_holder
-from tests.conftest import FIXTURES, agl_env, run_agl, write_spec
-from tests.conftest import process_alive as _alive
+from tests.helpers import FIXTURES, agl_env, run_agl, write_spec
+from tests.helpers import process_alive as _alive
 
 AGENT = f"python {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"python {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agl_cli.main import app
-from tests.conftest import FIXTURES, run_agl, write_spec
+from tests.helpers import FIXTURES, run_agl, write_spec
 
 AGENT = f"python {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"python {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"

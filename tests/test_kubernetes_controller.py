@@ -10,7 +10,6 @@ import asyncio
 import base64
 import json
 import re
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,10 +22,8 @@ from rl_backend.rollout.base import ProcessResult
 from rl_backend.rollout.k8s_manifest import ANNOTATION_MARKER, LABEL_RUN, job_name, policy_name, validate_schema
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from rl_backend.rollout.kubernetes import KubernetesConfigError, KubernetesController
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))  # see test_kubernetes_manifest.py for why
-from k8s_rollouts import UPSTREAM_KEY, make_job  # noqa: E402
-from kubelet import (  # noqa: E402
+from tests.helpers.k8s_rollouts import UPSTREAM_KEY, make_job
+from tests.helpers.kubelet import (
     PodLogs,
     create_pod,
     finish_pod,

@@ -1,4 +1,4 @@
-"""End to end: `KubernetesController.run(job)` against kmock, with a stand-in kubelet (tests/fixtures/kubelet.py)
+"""End to end: `KubernetesController.run(job)` against kmock, with a stand-in kubelet (tests/helpers/kubelet.py)
 that runs each Job's container command — agl's real wrapper around a real agent — as a local process with the
 pod's env only, and reports through the API. The output file reaches agl only through the pod log: the agent's
 folder is an emptyDir that the host never sees."""
@@ -18,10 +18,8 @@ import pytest
 from rl_backend.rollout.base import ProcessResult
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from rl_backend.rollout.kubernetes import KubernetesController
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))  # see test_kubernetes_manifest.py for why
-from k8s_rollouts import TOKEN, make_job, write_agent  # noqa: E402
-from kubelet import StandInKubelet, kube_api, list_jobs  # noqa: E402
+from tests.helpers.k8s_rollouts import TOKEN, make_job, write_agent
+from tests.helpers.kubelet import StandInKubelet, kube_api, list_jobs
 
 pytestmark = [
     pytest.mark.timeout(60),

@@ -1,5 +1,5 @@
 """`agl eval` with `runner: kubernetes`, as a user runs it: a separate agl process, a kubeconfig pointing at kmock,
-and the stand-in kubelet running the Jobs (tests/fixtures/kubelet.py). Skipped until agl.yaml's `kubernetes:`
+and the stand-in kubelet running the Jobs (tests/helpers/kubelet.py). Skipped until agl.yaml's `kubernetes:`
 section is the typed KubernetesSpec and `agl eval` selects the controller by `runner`."""
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import yaml
 
 from agl_cli.spec import ExperimentSpec
 from rl_backend.rollout.k8s_spec import KubernetesSpec
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))  # see test_kubernetes_manifest.py for why
-from kubelet import cluster_in_thread  # noqa: E402
+from tests.helpers.kubelet import cluster_in_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
 pytestmark = [

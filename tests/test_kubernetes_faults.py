@@ -1,6 +1,6 @@
 """The rollout controller when the API server misbehaves, and when a pod cannot start.
 
-The official client talks to kmock through a fault-injecting TCP proxy (tests/fixtures/fault_proxy.py) that a test
+The official client talks to kmock through a fault-injecting TCP proxy (tests/helpers/fault_proxy.py) that a test
 switches between passing bytes, accepting connections and never answering, and refusing connections. Covered: a
 request timeout on every call (an API that never answers ends the run with a clear message instead of hanging it;
 a rollout still ends at its deadline; a cancelled rollout returns at once), an outage ridden out for minutes
@@ -12,7 +12,6 @@ a ClusterIP refused in a NetworkPolicy ipBlock, and the DNS rule's forms.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,12 +25,9 @@ from rl_backend.rollout.k8s_client import KubernetesUnavailableError
 from rl_backend.rollout.k8s_manifest import LABEL_RUN, job_name, render_policy, validate_schema
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from rl_backend.rollout.kubernetes import KubernetesConfigError, KubernetesController
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from fault_proxy import FaultProxy  # noqa: E402
-from k8s_rollouts import make_job  # noqa: E402
-from kubelet import PodLogs, create_pod, kube_api, list_jobs, now, patch_status, wait_for_jobs  # noqa: E402
-
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.k8s_rollouts import make_job
+from tests.helpers.kubelet import PodLogs, create_pod, kube_api, list_jobs, now, patch_status, wait_for_jobs
 from tests.test_kubernetes_controller import _play_kubelet, _watching  # noqa: E402
 
 RUN = "20261201-080000-ab12"

@@ -35,11 +35,7 @@ from rl_backend.rollout.k8s_manifest import (
 from rl_backend.rollout.k8s_output import LogReader
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from rl_backend.rollout.k8s_watch import TokenBucket
-
-# The fixtures folder goes on sys.path itself: a `tests` package from site-packages (verl ships one) would
-# shadow `tests.fixtures`.
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from k8s_rollouts import ADMIN_TOKEN, TOKEN, UPSTREAM_KEY, make_job, write_agent  # noqa: E402
+from tests.helpers.k8s_rollouts import ADMIN_TOKEN, TOKEN, UPSTREAM_KEY, make_job, write_agent
 
 RUN = "20261130-080000-ab12"
 

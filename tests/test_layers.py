@@ -14,7 +14,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PACKAGES = ("agl_cli", "rl_backend")
 

@@ -5,7 +5,6 @@ one set of number formatters for every surface."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,8 @@ from agl_cli.rundir import RunDir
 from agl_cli.spec import ExperimentSpec, load_spec
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD
 from rl_backend.store.records import CallTotals, FailureKind, RewardSource, Rollout, RolloutStatus
-from tests.conftest import invoke_agl, write_spec
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "runs"))  # the generator is a script, not a package
-from make_runs import make_scored_run  # noqa: E402
+from tests.helpers import invoke_agl, write_spec
+from tests.helpers.make_runs import make_scored_run
 
 EVAL_KEYS = {"name", "n", "planned", "finished", "accuracy", "missing", "missing_reasons", "error_rate",
              "timeout_rate", "latency_s", "tokens", "calls", "cost_usd", "unpriced_calls", "knobs", "served_by",

@@ -31,7 +31,7 @@ from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, Rollout, RolloutStatus
-from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl
+from tests.helpers import FIXTURES, agl_env, invoke_agl, run_agl
 
 
 def write_synth_spec(folder: Path, p_values: list[Any], *, n_val: int, n_test: int, **extra: Any) -> Path:

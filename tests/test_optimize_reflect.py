@@ -25,7 +25,7 @@ import yaml
 from agl_cli.optimize.pareto import choose_parent, dominates, pareto_front, task_means
 from agl_cli.optimize.proposer import check_proposal, extract_prompt, render_transcript
 from rl_backend.store.records import Api, CallRecord, Rollout, RolloutStatus
-from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl
+from tests.helpers import FIXTURES, agl_env, invoke_agl, run_agl
 
 BASE_PROMPT = "Answer the question."
 KEY_ENV = {"SCRIPTED_KEY": "sk-scripted-test"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import REPO, run_agl, write_spec
+from tests.helpers import REPO, run_agl, write_spec
 
 LONG_KNOB = "system_prompt_variant"
 LONG_OPTION = "fewshot_examples_from_the_train_split_v2"

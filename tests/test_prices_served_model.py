@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from agl_cli.main import app
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY
-from tests.conftest import FIXTURES, run_agl, write_tasks
+from tests.helpers import FIXTURES, run_agl, write_tasks
 
 AGENT = FIXTURES / "triage_agent.py"
 SMALL = {"input": 0.1, "output": 0.4}  # USD per 1M tokens

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from rl_backend.provision.options import ProvisionError
 from rl_backend.provision.session import dry_run
-from tests.conftest import run_agl
+from tests.helpers import run_agl
 from tests.test_provision_isolation import cluster_spec, rollout_job
 from tests.test_provision_render import _app
 from tests.test_provision_support import AGL_YAML, fast_schemas, load_target, options, write_project  # noqa: F401

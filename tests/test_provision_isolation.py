@@ -1,11 +1,10 @@
 """Isolation of a train on the cluster, judged on what the provision renders: who may reach whom under its
-NetworkPolicies (with Kubernetes' NetworkPolicy semantics, tests/fixtures/netpol.py), the policy servers' key (a
+NetworkPolicies (with Kubernetes' NetworkPolicy semantics, tests/helpers/netpol.py), the policy servers' key (a
 generated Secret, only in the gateway's and the trainer's pods), and which pods hold a Kubernetes API token."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,9 @@ import yaml
 from rl_backend.provision.session import dry_run
 from rl_backend.rollout.k8s_manifest import render_job, rollout_labels
 from rl_backend.rollout.k8s_spec import KubernetesSpec
+from tests.helpers.k8s_rollouts import make_job
+from tests.helpers.netpol import Pod, allowed
 from tests.test_provision_support import NAMES, fast_schemas, load_target, options, write_project  # noqa: F401
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from k8s_rollouts import make_job  # noqa: E402
-from netpol import Pod, allowed  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

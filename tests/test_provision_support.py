@@ -3,7 +3,7 @@ a provision touches, an agl.yaml to provision, and stand-ins for the controllers
 
 kmock stores objects and serves them; nothing acts on them. The tests play the Deployment controller, the
 EndpointSlice controller, the Job controller and the kubelet by hand, through the same HTTP API: they create the
-pods, patch statuses, add endpoints and events, and serve pod logs (tests/fixtures/kubelet.py's PodLogs).
+pods, patch statuses, add endpoints and events, and serve pod logs (tests/helpers/kubelet.py's PodLogs).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import contextlib
 import functools
 import io
 import json
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,14 +27,12 @@ import pytest
 import yaml
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from kubelet import PodLogs, now  # noqa: E402
-
 from agl_cli.commands.train_k8s import target_from_spec  # noqa: E402
 from agl_cli.spec import load_spec  # noqa: E402
 from rl_backend.provision.options import Names, ProvisionOptions  # noqa: E402
 from rl_backend.provision.session import ProvisionResult, provision  # noqa: E402
 from rl_backend.provision.target import TrainTarget  # noqa: E402
+from tests.helpers.kubelet import PodLogs, now
 
 _ORIGINAL_SCHEMA = kubernetes_validate.utils.schema_contents
 NS = "default"

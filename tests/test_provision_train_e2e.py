@@ -3,7 +3,7 @@ rollouts as Jobs the way the trainer's pod would — from the cluster's copy of 
 the shipped agent — through a fault-injecting proxy (an outage, a pod whose image cannot be pulled); `agl train
 status` reports it; `agl train stop` deletes everything, rollout Jobs included.
 
-The stand-in kubelet (tests/fixtures/kubelet.py) runs each rollout Job as a local process and writes the project
+The stand-in kubelet (tests/helpers/kubelet.py) runs each rollout Job as a local process and writes the project
 ConfigMap's files where the pod mounts them. There is no mount namespace here, so the test moves that mount from
 /etc/agl/project to a folder of its own; everything else is the cluster's copy as rendered.
 """
@@ -27,6 +27,9 @@ from rl_backend.provision.session import stop
 from rl_backend.provision.status import train_status
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from rl_backend.rollout.kubernetes import KubernetesController
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.k8s_rollouts import AGENT, make_job
+from tests.helpers.kubelet import StandInKubelet
 from tests.test_provision_bundle import write_bundled
 from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture
     NAMES,
@@ -43,11 +46,6 @@ from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an au
     trainer_pod,
     wait_for,
 )
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from fault_proxy import FaultProxy  # noqa: E402
-from k8s_rollouts import AGENT, make_job  # noqa: E402
-from kubelet import StandInKubelet  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(90),

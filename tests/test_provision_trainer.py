@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from agl_cli.main import app
 from rl_backend.provision.rayjob_schema import SCHEMA_FILE, validate_rayjob
 from rl_backend.rollout.k8s_manifest import ManifestError, validate_schema
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.test_provision_isolation import _of, cluster_spec, rollout_job
 from tests.test_provision_render import _app
 from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture

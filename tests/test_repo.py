@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import REPO, agl_env
+from tests.helpers import REPO, agl_env
 
 
 def _readme_commands() -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -18,10 +17,8 @@ from agl_cli.report import regression_verdict, write_report
 from agl_cli.report.markup import fence, md_escape
 from agl_cli.report.redact import scrub, scrub_text
 from agl_cli.report.svg import nice_ticks
-from tests.conftest import invoke_agl, run_agl
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "runs"))  # the generator is a script, not a package
-from make_runs import PLANTED_SECRETS, make_all, make_scored_run  # noqa: E402
+from tests.helpers import invoke_agl, run_agl
+from tests.helpers.make_runs import PLANTED_SECRETS, make_all, make_scored_run
 
 
 def split_row(line: str) -> list[str]:

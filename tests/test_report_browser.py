@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 from agl_cli.report import write_report
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "runs"))
-from make_runs import make_eval_run, make_study_run  # noqa: E402
+from tests.helpers.make_runs import make_eval_run, make_study_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium is not installed at /usr/bin/chromium "

@@ -5,16 +5,13 @@ its caption says so."""
 from __future__ import annotations
 
 import json
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from agl_cli.report import write_report
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, RewardSource, Rollout, RolloutStatus
-
-sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "runs"))  # the generator is a script, not a package
-from make_runs import make_scored_run  # noqa: E402
+from tests.helpers.make_runs import make_scored_run
 
 T0 = 1_750_000_000.0
 SVG = "{http://www.w3.org/2000/svg}"

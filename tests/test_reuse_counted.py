@@ -18,7 +18,7 @@ import yaml
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY
 from rl_backend.store.db import RunStore
-from tests.conftest import FIXTURES, REPO, run_agl
+from tests.helpers import FIXTURES, REPO, run_agl
 
 SPEND = REPO / "skills" / "agent-lightning" / "scripts" / "spend.py"
 ENV = {"PAID_KEY": UPSTREAM_KEY, "PAID_CALLS": "1"}

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rl_backend.store.db import RunStore
-from tests.conftest import FIXTURES, agl_env, invoke_agl, run_agl, write_spec
-from tests.conftest import process_alive as _alive
+from tests.helpers import FIXTURES, agl_env, invoke_agl, run_agl, write_spec
+from tests.helpers import process_alive as _alive
 
 
 def _eval_json(folder: Path, *args: str) -> dict:

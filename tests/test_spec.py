@@ -10,7 +10,7 @@ from agl_cli.errors import ConfigError
 from agl_cli.spec import SplitByFractions, load_spec
 from agl_cli.tasks import load_tasks, select_tasks
 from agl_cli.variants import baseline, grid, parse_variant
-from tests.conftest import invoke_agl, write_tasks
+from tests.helpers import invoke_agl, write_tasks
 
 GOOD = """\
 name: calc

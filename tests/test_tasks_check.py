@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from agl_cli.main import app
-from tests.conftest import run_agl
+from tests.helpers import run_agl
 
 WORDS = ["refund", "parcel", "login", "invoice", "password", "courier", "charge", "account", "address", "delivery",
          "card", "code"]

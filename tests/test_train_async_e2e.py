@@ -11,7 +11,8 @@ import pytest
 
 from rl_backend.store.db import RunStore
 from rl_backend.trainer.async_loop import rollout_staleness
-from tests.conftest import run_agl, write_tiny_train_spec
+from tests.helpers import run_agl
+from tests.helpers.models import write_tiny_train_spec
 
 pytestmark = pytest.mark.slow
 

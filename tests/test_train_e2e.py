@@ -13,7 +13,8 @@ import yaml
 
 from rl_backend.store.db import RunStore
 from rl_backend.trainer.curves import read_curve
-from tests.conftest import REPO, run_agl, write_tiny_train_spec
+from tests.helpers import REPO, run_agl
+from tests.helpers.models import write_tiny_train_spec
 
 CALC = REPO / "examples" / "calc"
 

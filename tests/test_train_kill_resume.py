@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import agl_env, run_agl, write_tiny_train_spec
+from tests.helpers import agl_env, run_agl
+from tests.helpers.models import write_tiny_train_spec
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

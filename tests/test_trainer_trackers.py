@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import invoke_agl
+from tests.helpers import invoke_agl
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

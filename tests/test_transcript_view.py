@@ -22,7 +22,7 @@ from agl_cli.report import transcripts
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY
 from rl_backend.store.records import Api, CallRecord
-from tests.conftest import FIXTURES, REPO, agl_env, run_agl
+from tests.helpers import FIXTURES, REPO, agl_env, run_agl
 
 SCRIPTS = REPO / "skills" / "agent-lightning" / "scripts"
 TICKETS = [

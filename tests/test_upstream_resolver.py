@@ -20,7 +20,7 @@ from rl_backend.gateway.fake.replies import chat_reply
 from rl_backend.gateway.replay_recorder import RecordingFile
 from rl_backend.gateway.resolver import UpstreamSetupError, default_model, describe, started_upstreams
 from rl_backend.store.db import RunStore
-from tests.conftest import write_tasks
+from tests.helpers import write_tasks
 
 MSGS: Any = [{"role": "user", "content": "hello there"}]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import agl_env, run_agl
+from tests.helpers import agl_env, run_agl
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,10 +37,10 @@ TRAIN = ["--backend", "verl", "--device", "cpu", "--tasks-per-step", "2", "--gro
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.fixtures.tiny_model import make_tiny_model, write_training_project
+    from tests.helpers.models import make_tiny_chat_model, write_training_project
 
     folder = tmp_path_factory.mktemp("verl-cpu")
-    make_tiny_model(folder / "tiny")
+    make_tiny_chat_model(folder / "tiny")
     return write_training_project(folder, "tiny")
 
 

@@ -25,7 +25,7 @@ from rl_backend.provision.options import Names, ProvisionOptions
 from rl_backend.provision.plan import PROJECT_DIR, choose_topology, trainer_env
 from rl_backend.store.db import RunStore
 from rl_backend.trainer.curves import StepRecord
-from tests.conftest import GATEWAY_SERVE
+from tests.helpers import GATEWAY_SERVE
 
 needs_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="verl is not installed")
 SPEC = {

@@ -15,7 +15,7 @@ tensordict, codetiming, datasets or torchdata, and a transformers (5.17.0) that 
 3. checks that the set is closed: every requirement in every carried wheel's METADATA (markers evaluated for
    CPython 3.12 on Linux x86_64) is met by a carried wheel or by the image (IMAGE_NAMES, its package list), or is
    one of NOT_CARRIED, whose reasons say why the check never imports it;
-4. copies SmolLM2's tokenizer files (from the local conversion agl serves, see tests/fixtures/tiny_model.py) to
+4. copies SmolLM2's tokenizer files (from the local conversion agl serves, see tests/helpers/models.py) to
    `.whl/smollm2/`, so the check builds its small model with SmolLM2's vocabulary there;
 5. prints each file's size, the total, agl's tracked tree (`git ls-files`) and the untracked files that would
    travel too; exits 1 when the sum is over 64 MiB.

