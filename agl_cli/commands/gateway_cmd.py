@@ -144,7 +144,7 @@ def serve_command(
     from agl_cli.errors import ConfigError, UsageError
     from agl_cli.rundir import runs_root
     from rl_backend.gateway import resolver
-    from rl_backend.gateway.app import is_loopback_host
+    from rl_backend.netaddr import is_loopback_host
 
     console = stderr_console()
     if port < 0 or port > 65535:

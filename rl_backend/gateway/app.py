@@ -8,7 +8,6 @@ direct ASGI path (no router, no middleware: they are the hot path); everything e
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -39,6 +38,7 @@ from rl_backend.gateway.routing import Router
 from rl_backend.gateway.upstream import RetryPolicy, UpstreamClient
 from rl_backend.gateway.writer import RecordWriter
 from rl_backend.httpserver import ServerThread
+from rl_backend.netaddr import is_loopback_host
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import check_reward
 
@@ -383,15 +383,6 @@ def _unpriced(upstream: str, model: str) -> GatewayError:
         param="model",
         code="model_unpriced",
     )
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> ServerThread:

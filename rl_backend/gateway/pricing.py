@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from urllib.parse import urlsplit
 
 from rl_backend.gateway.config import PriceSpec, ResolvedUpstream
+from rl_backend.netaddr import is_loopback_url
 
 # A declared price as agl.yaml's `prices:` gives it, or as a mapping with the same keys.
 DeclaredPrice = PriceSpec | Mapping[str, float]
@@ -59,17 +57,6 @@ class Price:
 def _load_shipped() -> dict[str, Price]:
     text = resources.files("rl_backend.gateway").joinpath("prices.json").read_text(encoding="utf-8")
     return {name: Price.parse(name, raw) for name, raw in json.loads(text)["models"].items()}
-
-
-@functools.lru_cache(maxsize=256)
-def is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def upstream_is_free(upstream: ResolvedUpstream) -> bool:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import base64
 import fnmatch
-import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+
+from rl_backend.netaddr import is_loopback_url
 
 GATEWAY_URL_VARS = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "AGL_REWARD_URL")
 SCOPED_TOKEN_VARS = {"OPENAI_API_KEY": "OPENAI_BASE_URL", "ANTHROPIC_API_KEY": "ANTHROPIC_BASE_URL"}
@@ -54,15 +54,6 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @dataclass(frozen=True)
 class PodEnv:
     env: dict[str, str]  # what goes into the container, in name order
@@ -78,7 +69,7 @@ def _rewrite_gateway(value: str, rollout_id: str, gateway_url: str | None) -> st
     origin = value[:at]
     if gateway_url is not None:
         return gateway_url + value[at:]
-    if _is_loopback(urlsplit(origin).hostname or ""):
+    if is_loopback_url(origin):
         raise UnreachableGatewayError(
             f"the gateway listens on {origin}, which no pod can reach; set kubernetes.gateway_url to an address "
             "of this machine that the cluster can reach (and start the gateway on it)"
