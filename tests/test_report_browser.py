@@ -89,7 +89,7 @@ def grey_levels(path: Path) -> list[int]:
     except ImportError:
         return png_gray(path)
     with Image.open(path) as image:
-        return list(image.convert("L").getdata())
+        return list(image.convert("L").tobytes())  # one byte a pixel in mode L
 
 
 def assert_painted(path: Path) -> None:
@@ -129,6 +129,9 @@ def test_the_study_report_paints_on_desktop_and_phone_with_its_plots_and_no_cons
 def test_the_single_variant_report_paints_without_plots_of_one_point(pages, tmp_path: Path) -> None:
     shot_path = tmp_path / "eval.png"
     shot = chromium(pages["eval"], tmp_path / "p", f"--screenshot={shot_path}", "--window-size=1024,1600", "--dump-dom")
-    assert shot.stdout.count("<svg") == 2  # spend plots only: a Pareto plot of one variant says nothing
+    dom = shot.stdout
+    # a Pareto plot of one variant says nothing: the reward and latency distributions and the spend curves instead
+    assert dom.count("<svg") == 4 and "Accuracy vs cost" not in dom
+    assert "<title>Rewards" in dom and "<title>Rollout latency" in dom and "<title>Cumulative cost" in dom
     assert [line for line in shot.stderr.splitlines() if ":CONSOLE" in line] == []
     assert_painted(shot_path)
