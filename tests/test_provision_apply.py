@@ -60,6 +60,15 @@ async def _bring_up(server: kmock.KubernetesEmulator, task: asyncio.Future[Any])
     await patch_status(server, "Pod", f"{NAMES.trainer}-q2w3e", {"phase": "Running"})
 
 
+async def _provisioned(server: kmock.KubernetesEmulator, api: Any, target: Any, err: Any, out: Any) -> Any:
+    """A first provision of the train, its gateway and trainer pod played up at once: its result."""
+    first = run_provision(api, target, options(), err, out)
+    await wait_for(server, "Job", NAMES.trainer)
+    await gateway_up(server)
+    await trainer_pod(server)
+    return await asyncio.wait_for(first, 30)
+
+
 def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readiness(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", UPSTREAM_KEY)
@@ -141,11 +150,7 @@ def test_a_rerun_is_idempotent_and_keeps_the_token_and_the_running_trainer(tmp_p
 
     async def scenario() -> tuple[Any, Any, set[str], set[str], dict[str, Any]]:
         async with cluster() as (server, api, _):
-            first = run_provision(api, target, options(), err, out)
-            await wait_for(server, "Job", NAMES.trainer)
-            await gateway_up(server)
-            await trainer_pod(server)
-            one = await asyncio.wait_for(first, 30)
+            one = await _provisioned(server, api, target, err, out)
             before = stored_names(server)
             again = await asyncio.wait_for(run_provision(api, target, options(), err, out), 30)
             return one, again, before, stored_names(server), await get(server, "Secret", NAMES.admin_secret)
@@ -165,11 +170,7 @@ def test_stop_deletes_exactly_what_the_train_made(tmp_path: Path) -> None:
 
     async def scenario() -> tuple[list[str], set[str], list[str], set[str]]:
         async with cluster() as (server, api, _):
-            task = run_provision(api, target, options(), err, out)
-            await wait_for(server, "Job", NAMES.trainer)
-            await gateway_up(server)
-            await trainer_pod(server)
-            await asyncio.wait_for(task, 30)
+            await _provisioned(server, api, target, err, out)
             # Not the train's: another train's ConfigMap, a ConfigMap of nobody's; the train's: a rollout Job the
             # controller left behind (the cluster's agl.yaml gives rollout Jobs the train's label).
             await create(server, "ConfigMap", {"kind": "ConfigMap", "metadata": {"name": "other", "labels": {
@@ -290,13 +291,9 @@ def test_a_refused_rerun_changes_nothing_in_the_running_train(tmp_path: Path) ->
     config = write_project(tmp_path)
     err, out, _, _ = consoles()
 
-    async def scenario() -> tuple[BaseException, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    async def scenario() -> tuple[ProvisionError, list[str], Any, Any, Any]:
         async with cluster() as (server, api, _):
-            first = run_provision(api, load_target(config), options(), err, out)
-            await wait_for(server, "Job", NAMES.trainer)
-            await gateway_up(server)
-            await trainer_pod(server)
-            await asyncio.wait_for(first, 30)
+            await _provisioned(server, api, load_target(config), err, out)
             before = (await get(server, "ConfigMap", NAMES.config), await get(server, "Deployment", NAMES.gateway))
             seen = len(list(server))
             # A new prompt: the ConfigMap, the gateway's config hash and the trainer's spec would all change.
@@ -321,11 +318,7 @@ def test_a_finished_trainer_is_replaced_and_the_train_resumes(tmp_path: Path) ->
 
     async def scenario() -> tuple[dict[tuple[str, str], str], dict[str, Any]]:
         async with cluster() as (server, api, _):
-            first = run_provision(api, load_target(config), options(), err, out)
-            await wait_for(server, "Job", NAMES.trainer)
-            await gateway_up(server)
-            await trainer_pod(server)
-            await asyncio.wait_for(first, 30)
+            await _provisioned(server, api, load_target(config), err, out)
             await patch_status(server, "Job", NAMES.trainer, {"conditions": [{"type": "Complete", "status": "True"}],
                                                               "succeeded": 1})
             (tmp_path / "prompts" / "a.md").write_text("Be terse.\n")
