@@ -5,7 +5,6 @@ never read whole; and a command that cannot start is refused before the first ro
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -177,7 +176,6 @@ def test_a_huge_output_file_is_never_read_whole(tmp_path: Path) -> None:
     assert peak_mb < 200, f"agl peaked at {peak_mb:.0f} MB for a 300 MB output file"
     rollout = _by_task(json.loads(out))["big"]
     assert rollout.reward == 1.0 and len(rollout.output or "") == 64 * 1024
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 < 1000  # this test itself read nothing either
 
 
 @pytest.mark.parametrize(("section", "command", "expected"), [
