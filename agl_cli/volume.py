@@ -45,8 +45,10 @@ def volume_input(value: Any) -> Any:
     """`40000/month` as {tasks: 40000, per: month}; a bare number is refused (per what?); anything else as given."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         return value
-    if not isinstance(value, str):
-        raise ValueError(f"say per what: {value:g}/month, or {value:g}/day (the forms: {FORMS})")
+    bare = value if not isinstance(value, str) else _number(value)
+    if bare is not None:
+        raise ValueError(f"say per what: {bare:g}/month, or {bare:g}/day (the forms: {FORMS})")
+    assert isinstance(value, str)
     match = _TEXT.match(value)
     if match is None:
         raise ValueError(f"cannot read {value!r} as a volume; write {FORMS}")
@@ -54,6 +56,13 @@ def volume_input(value: Any) -> Any:
     if period.lower() not in PER_MONTH:
         raise ValueError(f"{period!r} is not a period agl knows; write {FORMS}")
     return {"tasks": float(number.replace("_", "").replace(",", "")), "per": period.lower()}
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip().replace(",", "").replace("_", ""))
+    except ValueError:
+        return None
 
 
 def parse_volume(text: str, *, flag: str = "--volume") -> Volume:

@@ -3,8 +3,9 @@ priced at the user's volume (cost per task and per month, with intervals), each 
 the paired rule, so the output says which differences are decided and which are not.
 
 - the members: variants with a measured accuracy that no other variant dominates (at least as accurate, as cheap
-  and as fast, and better on one); an unknown cost is compared with nothing. With constraints, only variants that
-  meet them (when any does);
+  and as fast, and better on one); a variant of unknown cost is never dominated (it may be far cheaper) and
+  dominates nothing (it may be far dearer), so it stays, its cost shown as unknown. With constraints, only variants
+  that meet them (when any does);
 - the ends: the most accurate member, and the cheapest good one: the cheapest member at least as accurate as the
   baseline (the setting kept so far), since a cheaper configuration that is worse than what the user has is no
   option they asked for;
@@ -24,6 +25,7 @@ from agl_cli.costs import latencies
 from agl_cli.metrics.cost import cost_fields, decided, difference_at_volume
 from agl_cli.metrics.run import costs_of, scores_of
 from agl_cli.metrics.variant import VariantMetrics
+from agl_cli.optimize.objectives import dominates
 from agl_cli.paired import NO_DIFFERENCE, compare, difference
 from agl_cli.volume import Volume
 from rl_backend.store.records import CallTotals, Rollout
@@ -38,17 +40,12 @@ def _point(m: VariantMetrics) -> tuple[float | None, float | None, float | None]
     return (m.accuracy.mean, cost, None if m.latency_p95 is None else -m.latency_p95)
 
 
-def _dominates(other: tuple[float | None, ...], mine: tuple[float | None, ...]) -> bool:
-    pairs = [(o, s) for o, s in zip(other, mine, strict=True) if o is not None and s is not None]
-    return all(o >= s for o, s in pairs) and any(o > s for o, s in pairs)
-
-
 def members(metrics: list[VariantMetrics]) -> list[VariantMetrics]:
     """The non-dominated variants, most accurate first (ties: the cheaper, then the earlier)."""
     measured = [m for m in metrics if m.accuracy.mean is not None]
     points = {m.name: _point(m) for m in measured}
     front = [m for m in measured
-             if not any(_dominates(points[o.name], points[m.name]) for o in measured if o.name != m.name)]
+             if not any(dominates(points[o.name], points[m.name]) for o in measured if o.name != m.name)]
 
     def rank(m: VariantMetrics) -> tuple[float, float, int]:
         cost = _point(m)[1]
