@@ -23,6 +23,7 @@ from typing import Any
 
 from agl_cli.costs import latencies
 from agl_cli.metrics.cost import cost_fields, decided, difference_at_volume
+from agl_cli.metrics.fmt import points, seconds, usd
 from agl_cli.metrics.run import costs_of, scores_of
 from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.optimize.objectives import dominates
@@ -140,8 +141,6 @@ def _marked(text: str, is_decided: bool) -> str:
 def step_text(doc: Mapping[str, Any]) -> str:
     """`+13.0 points [+5.0, +21.0] (decided), cost/month +$15.20 [...] (decided), p95 ... (undecided)`: what the
     step from `from` to `to` buys and costs, each difference marked decided or not."""
-    from agl_cli.metrics.fmt import points, seconds, usd
-
     acc = doc["accuracy"]
     parts = [_marked(points(acc["difference"]["mean"], acc["difference"]["ci95"]), acc["decided"])]
     monthly, per_task = doc.get("cost_usd_per_month"), doc.get("cost_usd_per_task")
