@@ -29,6 +29,7 @@ from agl_cli.metrics.variant import measure
 from agl_cli.optimize.frontier import ends, frontier, members
 from agl_cli.optimize.objectives import pareto_front
 from agl_cli.optimize.racing import decide_round
+from agl_cli.optimize.space import parse_option
 from agl_cli.optimize.study import StudyOptions, prepare
 from agl_cli.spec import load_spec
 from agl_cli.stats import Estimate
@@ -205,7 +206,8 @@ def _two_knob_spec(folder: Path) -> Path:
         "tasks": {"path": "tasks.jsonl", "split": {"field": "split"}},
         "grader": {"entry": "synthetic_agent:grade"},
         "knobs": {"p": {"values": [0.5, 0.9], "via": "env", "name": "SYNTH_P"},
-                  "prompt": {"files": ["prompts/old.md", "prompts/kept.md"], "via": "env", "name": "SYNTH_PROMPT"}},
+                  "prompt": {"files": ["prompts/old.md", "prompts/kept.md"], "via": "env", "name": "SYNTH_PROMPT"},
+                  "effort": {"values": ["low", "high"], "via": "env", "name": "SYNTH_EFFORT"}},
     }
     path = folder / "agl.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -216,9 +218,11 @@ def test_base_across_and_option_make_the_kept_setting_times_the_levers(tmp_path:
     path = _two_knob_spec(tmp_path)
     study = prepare(path, StudyOptions(base="prompt=kept", across=["p"]), [], tmp_path, ["p=0.7"])
     assert [v.name for v in study.variants] == ["baseline", "p=0.9", "p=0.7"]
-    assert [v.settings for v in study.variants] == [
-        {"p": 0.5, "prompt": "prompts/kept.md"}, {"p": 0.9, "prompt": "prompts/kept.md"},
-        {"p": 0.7, "prompt": "prompts/kept.md"}]
+    kept = {"prompt": "prompts/kept.md", "effort": "low"}
+    assert [v.settings for v in study.variants] == [{"p": 0.5, **kept}, {"p": 0.9, **kept}, {"p": 0.7, **kept}]
+    spec = load_spec(path)
+    assert parse_option(spec, "effort=no", tmp_path).value == "no"  # a knob of strings takes the text as typed
+    assert parse_option(spec, "p=1", tmp_path).value == 1
     both = prepare(path, StudyOptions(base="prompt=kept", across=["p", "prompt"]), [], tmp_path,
                    ["prompt=prompts/new.md"])
     assert len(both.variants) == 2 * 3 and both.variants[0].settings["prompt"] == "prompts/kept.md"

@@ -81,8 +81,8 @@ class ExtraOption:
 
 
 def parse_option(spec: ExperimentSpec, text: str, cwd: Path) -> ExtraOption:
-    """`knob=VALUE`: a value read as YAML (`temperature=0.7` is a number), or for a file-valued knob a path relative
-    to where agl runs; checked as the spec checks the knob's own options."""
+    """`knob=VALUE`: a value read as YAML (`temperature=0.7` is a number) unless the knob's options are all strings,
+    or for a file-valued knob a path relative to where agl runs; checked as the spec checks the knob's own options."""
     name, sep, raw = text.partition("=")
     name = name.strip()
     if not sep or not name:
@@ -97,10 +97,12 @@ def parse_option(spec: ExperimentSpec, text: str, cwd: Path) -> ExtraOption:
         if not path.is_file():
             raise UsageError(f"--option {text!r}: {path} does not exist")
         return ExtraOption(name, str(path.resolve()))
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else raw
-    except yaml.YAMLError:
-        value = raw
+    value: Any = raw
+    if not all(isinstance(o, str) for o in knob.options):  # a knob of strings keeps `no` or `1.0` as typed
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
     if knob.via == "gateway" and name in KNOBS:
         try:
             value = KNOBS[name].check(value)
