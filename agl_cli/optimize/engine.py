@@ -206,6 +206,7 @@ class StudyEngine:
         if not doc["choice"]:
             return True
         ends = [self.by_name[n] for n in (doc["cheapest_good"], doc["most_accurate"])]
+        executor.ledger.confirm_rollouts = 0  # the reserve held back for the confirmation is this run's to use
         # What the confirmation already ran is not run again (a baseline or winner among the ends).
         completed = executor.run(ends, self.study.confirm_tasks, label="confirm the frontier's ends")
         split = self.options.confirm_split
