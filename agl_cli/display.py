@@ -6,20 +6,26 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agl_cli.metrics.fmt import count, pct, seconds, usd
+from agl_cli.metrics.cost import month_column, per_month_text, per_task_text
+from agl_cli.metrics.fmt import count, pct, seconds
 from agl_cli.metrics.variant import VariantMetrics
+from agl_cli.volume import Volume
 
 
-def variant_table(summaries: list[VariantMetrics], *, title: str) -> Table:
+def variant_table(summaries: list[VariantMetrics], *, title: str, volume: Volume | None = None) -> Table:
+    """One row per variant; cost per task with its interval, and per month when the user's volume is known (the
+    run's total spend is printed under the table)."""
     table = Table(title=title, title_justify="left")
-    for column, justify in [
+    columns = [
         ("variant", "left"), ("n", "right"), ("accuracy [95% CI]", "right"), ("missing", "right"),
-        ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"), ("cost", "right"),
-        ("served by", "left"),
-    ]:
+        ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"), ("cost/task [95% CI]", "right"),
+    ]
+    if volume is not None:
+        columns.append((month_column(volume), "right"))
+    for column, justify in [*columns, ("served by", "left")]:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for s in summaries:
-        table.add_row(
+        cells: list[Text | str] = [
             Text(s.name),
             str(s.accuracy.n),
             pct(s.accuracy.mean, s.accuracy.ci95),
@@ -27,9 +33,11 @@ def variant_table(summaries: list[VariantMetrics], *, title: str) -> Table:
             pct(s.error_rate.mean, digits=0),
             f"{seconds(s.latency_p50, digits=1)} / {seconds(s.latency_p95, digits=1)}",
             f"{count(s.input_tokens)} / {count(s.output_tokens)}",
-            usd(s.cost_usd, unpriced_calls=s.unpriced_calls),
-            Text(s.served.label()),
-        )
+            per_task_text(s),
+        ]
+        if volume is not None:
+            cells.append(per_month_text(s, volume))
+        table.add_row(*cells, Text(s.served.label()))
     return table
 
 

@@ -56,6 +56,7 @@ seeds: 1
 pass_threshold: 0.5                     # a reward of at least this passes
 concurrency: 4
 budget: {usd: 5.0, rollouts: 2000}
+volume: 40000/month                     # tasks in production: cost per month beside cost per task
 runner: local
 """
 

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agl_cli.env_values import expand as expand_env
 from agl_cli.errors import ConfigError
+from agl_cli.volume import FORMS as VOLUME_FORMS
+from agl_cli.volume import Volume, volume_input
 from agl_cli.yaml_source import YamlDocument
 from rl_backend.gateway.config import PriceSpec, UpstreamSpec
 from rl_backend.gateway.knobs import KNOBS
@@ -272,6 +274,11 @@ class ExperimentSpec(_Strict):
     )
     concurrency: int = Field(default=4, ge=1, le=1024, description="rollouts at once")
     budget: BudgetSpec = Field(default_factory=BudgetSpec, description="hard ceilings")
+    volume: Volume | None = Field(
+        default=None,
+        description=f"the tasks the agent handles in production: {VOLUME_FORMS}. eval, compare, optimize and the "
+        "reports then show cost per month beside cost per task, both with 95% intervals",
+    )
     runner: Literal["local", "kubernetes"] = Field(
         default="local", description="local processes, or one Kubernetes Job per rollout"
     )
@@ -282,6 +289,11 @@ class ExperimentSpec(_Strict):
 
     # Where the spec file lives; relative paths in it resolve from here. Not a YAML key.
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("volume", mode="before")
+    @classmethod
+    def _volume_text(cls, value: Any) -> Any:
+        return volume_input(value)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentSpec:

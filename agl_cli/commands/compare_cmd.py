@@ -18,6 +18,7 @@ from agl_cli.metrics.fmt import pct, points, seconds, usd
 if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
     from agl_cli.served import ServedModels
+    from agl_cli.volume import Volume
     from rl_backend.store.records import CallTotals, ModelUse, Rollout
 
 TESTS = {"mcnemar_exact": "McNemar exact", "sign_test": "sign test", "none": "no test"}
@@ -127,8 +128,9 @@ def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
     return Side(ref, run, variant, rollouts, totals, uses, knobs)
 
 
-def compare_sides(base: Side, candidates: list[Side]) -> list[dict[str, Any]]:
+def compare_sides(base: Side, candidates: list[Side], volume: Volume | None = None) -> list[dict[str, Any]]:
     from agl_cli.costs import latencies, paired_cost
+    from agl_cli.metrics.cost import difference_at_volume
     from agl_cli.metrics.run import scores_of
     from agl_cli.paired import compare_many, difference
 
@@ -139,11 +141,13 @@ def compare_sides(base: Side, candidates: list[Side]) -> list[dict[str, Any]]:
     for i, side in enumerate(candidates):
         shared = {(r.task_id, r.seed) for r in base.rollouts} & {(r.task_id, r.seed) for r in side.rollouts}
         result = results[str(i)]
+        cost = paired_cost(base.rollouts, side.rollouts, base.totals, side.totals)
         docs.append({
             "candidate": {"ref": side.ref, "run_id": side.run.run_id, "variant": side.variant},
             **result.as_dict(),
             "unscored_pairs": len(shared) - result.n_pairs,
-            "cost_usd_per_task": paired_cost(base.rollouts, side.rollouts, base.totals, side.totals),
+            "cost_usd_per_task": cost,
+            "cost_usd_per_month": difference_at_volume(cost, volume),
             "latency_s": difference(latencies(base.rollouts), latencies(side.rollouts)).as_dict(),
             "served_by": {"baseline": base.served.served, "candidate": side.served.served},
             "model_warnings": base.served.warnings(base.label) + side.served.warnings(side.label),
@@ -180,12 +184,27 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
         text += f"; cost/task unknown ({unknown})"
     elif cost and cost["difference"]["mean"]:
         text += f"; cost/task {usd(cost['difference']['mean'], cost['difference']['ci95'], signed=True)}"
+        from agl_cli.metrics.cost import month_difference_text
+
+        monthly = month_difference_text(doc.get("cost_usd_per_month"))
+        if monthly:
+            text += f", {monthly}"
     latency = doc.get("latency_s")
     if latency and latency["difference"]["mean"] is not None:
         text += f"; latency {seconds(latency['difference']['mean'], latency['difference']['ci95'], signed=True)}"
     if doc.get("more_tasks"):
         text += f"; about {doc['more_tasks']} more tasks would likely decide it"
     return text
+
+
+def _volume(text: str | None, sides: list[Side]) -> Volume | None:
+    """--volume, else the volume the baseline's run was made with, else the first candidate run's."""
+    from agl_cli.metrics.run import run_volume
+    from agl_cli.volume import parse_volume
+
+    if text is not None:
+        return parse_volume(text)
+    return next((v for side in sides if (v := run_volume(side.run.path)) is not None), None)
 
 
 @handle_errors
@@ -197,6 +216,7 @@ def compare_command(
     fail_on_worse: Annotated[bool, typer.Option("--fail-on-worse", help="Exit 3 when a candidate is worse.")] = False,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    volume: Annotated[Optional[str], typer.Option(help="Tasks the agent handles in production, e.g. 40000/month (default: the `volume:` the runs were made with): adds the cost difference per month.")] = None,  # noqa: UP045,E501
 ) -> None:
     """Judge B against A (paired, on shared tasks and seeds): better, worse or no detectable difference."""
     from rich.table import Table
@@ -214,7 +234,8 @@ def compare_command(
     if same:
         raise UsageError("; ".join(same), hint="a model name the gateway does not know goes to the default `model`; "
                          "name the model as upstream/model (or use the `model` knob via gateway) and run again")
-    docs = compare_sides(base, candidates)
+    at_volume = _volume(volume, sides)
+    docs = compare_sides(base, candidates, at_volume)
     empty = [d["candidate"]["ref"] for d in docs if d["n_pairs"] == 0]
     if empty:
         raise AglError(f"{', '.join(empty)} and {base.ref} share no scored (task, seed): nothing to compare",
@@ -222,6 +243,7 @@ def compare_command(
     worse = any(d["verdict"] == WORSE for d in docs)
     document = {
         "baseline": {"ref": base.ref, "run_id": base.run.run_id, "variant": base.variant},
+        "volume": at_volume.as_dict() if at_volume is not None else None,
         "split": split, "alpha": ALPHA, "correction": "holm" if len(docs) > 1 else "none",
         "comparisons": docs, "verdict": docs[0]["verdict"] if len(docs) == 1 else None,
     }

@@ -15,11 +15,12 @@ if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
     from agl_cli.spec import ExperimentSpec
     from agl_cli.variants import Variant
+    from agl_cli.volume import Volume
 
 
 def _prepare_new(
     config: Path, variant_names: list[str], limit: int | None, seeds: int | None, split: str | None,
-    runs_dir: Path | None,
+    runs_dir: Path | None, volume: Volume | None = None,
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
@@ -34,6 +35,8 @@ def _prepare_new(
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
     spec = load_spec(config)
+    if volume is not None:
+        spec.volume = volume  # the run's copy of the spec keeps it, so its report and `agl compare` use it too
     check_budget_prices(spec, spec.budget.usd)  # before the run exists: nothing to clean up
     check_commands(spec, spec_path=config / "agl.yaml" if config.is_dir() else config)
     tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
@@ -72,6 +75,7 @@ def _prepare_resume(
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.metrics.run import run_volume
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
     from agl_cli.spec import load_spec
@@ -88,6 +92,7 @@ def _prepare_resume(
         )
     run.require(manifest, "spec_path", "task_ids", "variants", "seeds")
     spec = load_spec(Path(manifest["spec_path"]))
+    spec.volume = run_volume(run.path) or spec.volume  # a --volume the run was started with holds on resume
     check_commands(spec, spec_path=Path(manifest["spec_path"]))
     by_id = {t.id: t for t in load_tasks(spec)}
     missing = [tid for tid in manifest["task_ids"] if tid not in by_id]
@@ -118,6 +123,7 @@ def execute_eval(
     from agl_cli.console import stderr_console
     from agl_cli.controllers import make_controller, run_then_close
     from agl_cli.evaluation import EvalRunner
+    from agl_cli.metrics.cost import cost_fields
     from agl_cli.metrics.run import measure_run
     from agl_cli.progress import RolloutProgress
     from agl_cli.run_spend import own_usd, reused_among, run_spend
@@ -186,7 +192,9 @@ def execute_eval(
         "run_id": run.run_id,
         "run_dir": str(run.path),
         "status": status,
-        "variants": [{**s.summary_json(), "reused": reused_by_variant.get(s.name, 0)} for s in summaries],
+        "volume": spec.volume.as_dict() if spec.volume is not None else None,
+        "variants": [{**s.summary_json(), **cost_fields(s, spec.volume), "reused": reused_by_variant.get(s.name, 0)}
+                     for s in summaries],
         "spend": spend.as_json(),
         "_summaries": summaries,
         "_spend": spend,
@@ -234,21 +242,28 @@ def eval_command(
     reuse_failures: Annotated[bool, typer.Option(
         "--reuse-failures", help="Also reuse earlier rollouts that ended without a reward by the agent's own doing "
         "(crash, timeout, no output); by default only scored rollouts are reused.")] = False,
+    volume: Annotated[str | None, typer.Option(
+        help="Tasks the agent handles in production, e.g. 40000/month (default: the spec's `volume:`): adds the "
+        "cost per month.")] = None,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
     from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
     from agl_cli.metrics.fmt import usd
+    from agl_cli.volume import parse_volume
 
+    volume_given = parse_volume(volume) if volume is not None else None
     if resume is not None:
-        if config is not None or variant or limit is not None or seeds is not None or split is not None:
-            raise UsageError("--resume RUN takes no spec, --variant, --limit, --seeds or --split: the run has them")
+        if (config is not None or variant or limit is not None or seeds is not None or split is not None
+                or volume is not None):
+            raise UsageError("--resume RUN takes no spec, --variant, --limit, --seeds, --split or --volume: the run "
+                             "has them")
         spec, run, variants, plan = _prepare_resume(resume, runs_dir)
     else:
         if config is None:
             raise UsageError("give the experiment spec: agl eval path/to/agl.yaml (or --resume RUN)")
-        spec, run, variants, plan = _prepare_new(config, variant or [], limit, seeds, split, runs_dir)
+        spec, run, variants, plan = _prepare_new(config, variant or [], limit, seeds, split, runs_dir, volume_given)
     if fail_on_regression and baseline is None:
         raise UsageError("--fail-on-regression needs --baseline RUN, the run to compare against")
     baseline_run = None
@@ -277,7 +292,7 @@ def eval_command(
         print_json(result)
     else:
         out = stdout_console()
-        print_table(out, variant_table(summaries, title=f"run {run.run_id} ({spec.name})"))
+        print_table(out, variant_table(summaries, title=f"run {run.run_id} ({spec.name})", volume=spec.volume))
         print_missing_reasons(out, summaries)
         out.print(f"this run launched {spend.launched} rollouts and spent "
                   f"{usd(spend.priced_usd, unpriced_calls=spend.unpriced_calls)}", markup=False)

@@ -1,5 +1,6 @@
 """`agl optimize`: search the knobs on the validation split under a hard budget, confirm the winner on the
-held-out test split, and write it as `agl.best.yaml` with its diff."""
+held-out test split, write it as `agl.best.yaml` with its diff, and show the frontier the user chooses from, priced
+at their volume."""
 
 from __future__ import annotations
 
@@ -70,6 +71,60 @@ def _print_reflect(out: Console, reflect: dict[str, Any] | None) -> None:
         out.print(f"reflect stopped: {reflect['stopped']}", markup=False)
 
 
+def _cost_cells(row: dict[str, Any], volume: dict[str, Any] | None) -> list[str]:
+    """Cost per task and, with a volume, per month, each with its interval; unknown as "— (N unpriced calls)"."""
+    unpriced = row.get("unpriced_calls") or 0
+    per_task = row["cost_usd_per_task"]
+    cells = [usd(per_task["mean"], per_task["ci95"], unpriced_calls=unpriced)]
+    if volume is not None:
+        monthly = row.get("cost_usd_per_month") or {}
+        cells.append(usd(monthly.get("mean"), monthly.get("ci95"), unpriced_calls=unpriced))
+    return cells
+
+
+def _month_heading(volume: dict[str, Any]) -> str:
+    from agl_cli.metrics.cost import month_column
+    from agl_cli.volume import Volume
+
+    return month_column(Volume(tasks=volume["tasks"], per=volume["per"]))
+
+
+def _print_frontier(out: Console, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from agl_cli.console import print_table
+    from agl_cli.optimize.frontier import step_text
+
+    front = doc.get("frontier")
+    if not front or not front["members"]:
+        return
+    if not front["choice"]:
+        out.print(f"frontier: {front['most_accurate']} is both the most accurate and the cheapest good "
+                  "configuration; no trade-off to put to the user", markup=False)
+        return
+    volume = front["volume"]
+    table = Table(title=f"frontier on {front['split']}: what no other configuration beats on "
+                        f"{', '.join(front['objectives'])}", title_justify="left")
+    columns = ["variant", "accuracy [95% CI]", "n", "cost/task [95% CI]"]
+    columns += [_month_heading(volume)] if volume is not None else []
+    for column in [*columns, "p95", "end"]:
+        table.add_column(column, justify="left" if column in ("variant", "end") else "right")
+    for member in front["members"]:
+        acc = member["accuracy"]
+        table.add_row(Text(member["name"]), pct(acc["mean"], acc["ci95"]), str(acc["n"]),
+                      *_cost_cells(member, volume), seconds(member["latency_p95_s"], digits=1),
+                      Text(", ".join(member["ends"])))
+    print_table(out, table)
+    for step in front["steps"]:
+        out.print(f"  {step['from']} -> {step['to']}: {step_text(step)}", markup=False)
+    if front.get("held_out"):
+        held = front["held_out"]
+        out.print(f"  on {held['split']} (held out): {held['from']} -> {held['to']}: {step_text(held)}", markup=False)
+    if volume is None:
+        out.print("  (set `volume:` in agl.yaml, or --volume 40000/month, to price this per month)", markup=False)
+
+
 def _print_report(out: Console, doc: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -80,19 +135,22 @@ def _print_report(out: Console, doc: dict[str, Any]) -> None:
     table = Table(title=f"study {doc['study_id']} ({doc['strategy']}, {doc['splits']['search']['name']})",
                   title_justify="left")
     k = doc["seeds"]
-    for column in ("variant", "status", "n", "accuracy [95% CI]", f"pass^{k}", "cost/task", "p95", "front"):
+    volume = doc.get("volume")
+    columns = ["variant", "status", "n", "accuracy [95% CI]", f"pass^{k}", "cost/task [95% CI]"]
+    columns += [_month_heading(volume)] if volume is not None else []
+    for column in (*columns, "p95", "front"):
         table.add_column(column, justify="left" if column in ("variant", "status") else "right")
     for row in doc["variants"]:
         acc = row["accuracy"]
         status = "kept" if not row["dropped"] else f"out r{row['dropped']['round']}"
         table.add_row(
             Text(row["name"]), Text(status), str(row["n_tasks"]), pct(acc["mean"], acc["ci95"]),
-            pct(row["pass_k"]["mean"], digits=0),
-            usd(row["cost_per_task_usd"], unpriced_calls=row.get("unpriced_calls") or 0),
+            pct(row["pass_k"]["mean"], digits=0), *_cost_cells(row, volume),
             seconds(row["latency_p95_s"], digits=1),
             "*" if row["pareto"] else "",
         )
     print_table(out, table)
+    _print_frontier(out, doc)
     winner = doc.get("winner")
     if winner:
         out.print(f"winner: {winner['name']}", markup=False)
@@ -117,6 +175,9 @@ def optimize_command(
     config: Annotated[Optional[Path], typer.Argument(help="The experiment spec (agl.yaml or its folder).")] = None,  # noqa: UP045
     strategy: Annotated[Optional[Strategy], typer.Option(help="grid, racing (default past 2 variants), or reflect (an LLM proposer rewrites a prompt file; needs `proposer:` in agl.yaml).")] = None,  # noqa: UP045,E501
     variant: Annotated[Optional[list[str]], typer.Option("--variant", "-v", help="A candidate: knob=value[,knob=value]; repeatable.")] = None,  # noqa: UP045,E501
+    across: Annotated[Optional[list[str]], typer.Option(help="Search every combination of these knobs (comma-separated or repeated), the other knobs at the baseline: --across model re-tests the models under the setting kept so far.")] = None,  # noqa: UP045,E501
+    base: Annotated[Optional[str], typer.Option(help="The study's baseline, knob=option[,knob=option]: the setting kept so far, judged and confirmed against (default: each knob's first option).")] = None,  # noqa: UP045,E501
+    option: Annotated[Optional[list[str]], typer.Option("--option", help="Add an option to a declared knob for this study: knob=VALUE (a value, or a file for a file-valued knob); repeatable.")] = None,  # noqa: UP045,E501
     candidate: Annotated[Optional[list[str]], typer.Option(help="A candidate file for a file-valued knob: PATH or knob=PATH.")] = None,  # noqa: UP045,E501
     grid: Annotated[bool, typer.Option("--grid", help="Every combination of the knobs' options (the default source).")] = False,  # noqa: E501
     sample: Annotated[Optional[int], typer.Option(help="A seeded random sample of N grid variants.")] = None,  # noqa: UP045
@@ -126,6 +187,7 @@ def optimize_command(
     max_cost_per_task: Annotated[Optional[float], typer.Option(help="Constraint: mean USD per task at most this.")] = None,  # noqa: UP045,E501
     max_p95_latency: Annotated[Optional[float], typer.Option(help="Constraint: p95 seconds per task at most this.")] = None,  # noqa: UP045,E501
     seeds: Annotated[Optional[int], typer.Option(help="Runs per task (default: the spec's seeds).")] = None,  # noqa: UP045
+    volume: Annotated[Optional[str], typer.Option(help="Tasks the agent handles in production, e.g. 40000/month (default: the spec's `volume:`): prices the frontier per month.")] = None,  # noqa: UP045,E501
     search_split: Annotated[str, typer.Option(help="The split the search runs on.")] = "val",
     confirm_split: Annotated[str, typer.Option(help="The held-out split the winner is confirmed on.")] = "test",
     first_batch: Annotated[Optional[int], typer.Option(help="Racing: tasks in the first round (default 1/16, >= 8).")] = None,  # noqa: UP045,E501
@@ -145,6 +207,7 @@ def optimize_command(
     from agl_cli.errors import UsageError
     from agl_cli.optimize.study import StudyOptions, create, prepare, reopen
     from agl_cli.rundir import runs_root
+    from agl_cli.volume import parse_volume
 
     _check_positive("--budget-usd", budget_usd, allow_zero=True)
     _check_positive("--max-rollouts", max_rollouts)
@@ -157,7 +220,7 @@ def optimize_command(
     console = stderr_console()
     if resume is not None:
         chosen = [config, strategy, variant, candidate, sample, max_cost_per_task, max_p95_latency, seeds, first_batch,
-                  limit, confirm_limit]
+                  limit, confirm_limit, across, base, option, volume]
         if (any(x for x in chosen) or grid or dry_run or reuse_failures or search_split != "val"
                 or confirm_split != "test"):
             raise UsageError("--resume STUDY takes no spec or search options, only --budget-usd and --max-rollouts: "
@@ -177,8 +240,10 @@ def optimize_command(
             max_cost_per_task=max_cost_per_task, max_p95_latency=max_p95_latency, seeds=seeds,
             search_split=search_split, confirm_split=confirm_split, first_batch=first_batch, no_cache=no_cache,
             limit=limit, confirm_limit=confirm_limit, reuse_failures=reuse_failures,
+            across=[k.strip() for text in across or [] for k in text.split(",") if k.strip()], base=base,
+            volume=parse_volume(volume).model_dump() if volume is not None else None,
         )
-        study = prepare(config, options, list(candidate or []), Path.cwd())
+        study = prepare(config, options, list(candidate or []), Path.cwd(), list(option or []))
         use_cache = not no_cache
         if dry_run:
             from agl_cli.optimize.projection import dry_run as project

@@ -1,5 +1,7 @@
 """The whole study: search on the validation split (grid or racing), choose under the constraints, confirm the
-choice against the baseline on the held-out test split, write `agl.best.yaml`, and report.
+choice against the baseline on the held-out test split, price the frontier at the user's volume (and, when the most
+accurate and the cheapest good configuration differ, confirm that trade-off on the test split too), write
+`agl.best.yaml`, and report.
 
 Everything reads back from the study's store, so a resumed study replays its decisions over what already ran
 and only runs what is missing.
@@ -13,11 +15,13 @@ from rich.console import Console
 
 from agl_cli.console import stderr_console
 from agl_cli.costs import latencies, paired_cost
+from agl_cli.metrics.cost import cost_fields
 from agl_cli.metrics.fmt import points
-from agl_cli.metrics.run import latest_by_variant, scores_of
+from agl_cli.metrics.run import costs_of, latest_by_variant, scores_of
 from agl_cli.metrics.variant import VariantMetrics, measure
 from agl_cli.optimize.best_config import describe_settings, knob_changes, write_best
 from agl_cli.optimize.execute import Executor, session
+from agl_cli.optimize.frontier import choice_message, frontier, held_out
 from agl_cli.optimize.objectives import Constraints, breach, choose, pareto_front
 from agl_cli.optimize.racing import Round, race
 from agl_cli.optimize.study import Ledger, Study
@@ -70,6 +74,11 @@ class StudyEngine:
         grouped = latest_by_variant(store, split=self.options.search_split)
         return {name: scores_of(grouped.get(name, [])) for name in self.by_name}
 
+    def _read_costs(self, store: RunStore) -> dict[str, dict[tuple[str, int], float] | None]:
+        grouped = latest_by_variant(store, split=self.options.search_split)
+        totals = store.call_totals_by_rollout()
+        return {name: costs_of(grouped.get(name, []), totals) for name in self.by_name}
+
     def _metrics(self, store: RunStore, names: list[str], tasks: set[str] | None = None) -> list[VariantMetrics]:
         grouped = latest_by_variant(store, split=self.options.search_split, tasks=tasks)
         totals = store.call_totals_by_rollout()
@@ -105,6 +114,7 @@ class StudyEngine:
         result = race(
             names, list(tasks), run_batch, lambda: self._read_scores(store), first=self.options.first_batch,
             infeasible=lambda s, t: self._infeasible(store, s, t), on_round=on_round,
+            read_costs=lambda: self._read_costs(store),
         )
         return result.survivors, result.stopped_for_budget
 
@@ -136,7 +146,9 @@ class StudyEngine:
         winner, note = choose([m for m in metrics if m.name in survivors], self.constraints)
         report: dict[str, Any] = {
             "strategy": study.strategy, "rounds": self.rounds, "constraints": self.constraints.as_dict(),
+            "volume": study.spec.volume.as_dict() if study.spec.volume is not None else None,
             "pareto_front": front, "variants": self._variant_rows(metrics, survivors, front), "note": note,
+            "frontier": self._frontier(store, metrics, survivors),
             "winner": None, "validation": None, "confirmation": None, "best_config": None, "messages": [],
         }
         if self.reflect is not None:
@@ -152,6 +164,7 @@ class StudyEngine:
         if winner == base:
             messages.append("the baseline is the best variant found: nothing to change")
             report["recommendation"] = "keep the baseline"
+            budget_hit = not self._confirm_ends(report, store, executor) or budget_hit
             return self._finish(report, budget_hit)
         validation, report["validation"] = paired_report(store, opts.search_split, base, winner)
         ledger.confirm_rollouts = 0
@@ -162,6 +175,7 @@ class StudyEngine:
             messages.append(f"the budget stopped the confirmation after {confirmation.n_tasks} of "
                             f"{len(study.confirm_tasks)} {opts.confirm_split} tasks")
         self._judge(report, validation, confirmation)
+        budget_hit = not self._confirm_ends(report, store, executor) or budget_hit
         header = (
             f"Written by agl optimize, study {study.run.run_id}: {winner} ({describe_settings(changes)}).\n"
             f"On {opts.confirm_split}: {confirmation.verdict}, {points(confirmation.difference)} vs the baseline "
@@ -173,6 +187,37 @@ class StudyEngine:
         report["best_config"] = {"path": str(path), "diff": diff}
         (study.run.path / "best.diff").write_text(diff)
         return self._finish(report, budget_hit)
+
+    def _frontier(self, store: RunStore, metrics: list[VariantMetrics], survivors: list[str]) -> dict[str, Any]:
+        """The frontier of the variants still in the search (racing dropped the others as worse than one that costs
+        no more) that meet the constraints."""
+        study = self.study
+        pool = [m for m in metrics if m.name in survivors]
+        feasible = {m.name for m in pool if breach(m, self.constraints) is None}
+        return frontier(pool, latest_by_variant(store, split=self.options.search_split),
+                        store.call_totals_by_rollout(), baseline=study.baseline.name,
+                        settings={v.name: v.settings for v in study.variants}, split=self.options.search_split,
+                        volume=study.spec.volume, feasible=feasible)
+
+    def _confirm_ends(self, report: dict[str, Any], store: RunStore, executor: Executor) -> bool:
+        """When the frontier holds a choice, run its ends on the held-out split too (what the confirmation has not
+        run yet) and pair them there; False when the budget stopped that."""
+        doc = report["frontier"]
+        if not doc["choice"]:
+            return True
+        ends = [self.by_name[n] for n in (doc["cheapest_good"], doc["most_accurate"])]
+        executor.ledger.confirm_rollouts = 0  # the reserve held back for the confirmation is this run's to use
+        # What the confirmation already ran is not run again (a baseline or winner among the ends).
+        completed = executor.run(ends, self.study.confirm_tasks, label="confirm the frontier's ends")
+        split = self.options.confirm_split
+        doc["held_out"] = held_out(doc, latest_by_variant(store, split=split), store.call_totals_by_rollout(),
+                                   split=split, volume=self.study.spec.volume)
+        if not completed:
+            report["messages"].append(f"the budget stopped the frontier's ends on {split} before they finished")
+        message = choice_message(doc)
+        if message:
+            report["messages"].append(message)
+        return completed
 
     def _judge(self, report: dict[str, Any], validation: Comparison, confirmation: Comparison) -> None:
         messages: list[str] = report["messages"]
@@ -206,7 +251,8 @@ class StudyEngine:
             variant = self.by_name[m.name]
             status = "survived" if m.name in survivors else "dropped"
             rows.append({
-                **m.objectives_json(), "hash": variant.hash, "knobs": variant.settings, "status": status,
+                **m.objectives_json(), **cost_fields(m, self.study.spec.volume), "hash": variant.hash,
+                "knobs": variant.settings, "status": status,
                 "dropped": dropped.get(m.name), "pareto": m.name in front, "breach": breach(m, self.constraints),
             })
         return rows

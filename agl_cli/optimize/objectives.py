@@ -45,7 +45,7 @@ def breach(metrics: VariantMetrics, constraints: Constraints) -> str | None:
 
 def _objectives(m: VariantMetrics) -> tuple[float, float | None, float, float]:
     # Everything as "larger is better"; a measure nobody has counts the same for all. An unknown cost (unpriced
-    # calls) is None: it is compared with nothing, so it neither wins nor loses on cost.
+    # calls) is None: nothing can be said about it, so it neither wins nor loses on cost.
     return (
         m.accuracy.mean if m.accuracy.mean is not None else float("-inf"),
         None if m.unpriced_calls else -(m.cost_per_task.mean or 0.0),
@@ -54,17 +54,21 @@ def _objectives(m: VariantMetrics) -> tuple[float, float | None, float, float]:
     )
 
 
-def _dominates(other: tuple[float | None, ...], mine: tuple[float | None, ...]) -> bool:
-    """At least as good on every objective both have, and better on one."""
-    pairs = [(o, s) for o, s in zip(other, mine, strict=True) if o is not None and s is not None]
-    return all(o >= s for o, s in pairs) and any(o > s for o, s in pairs)
+def dominates(other: tuple[float | None, ...], mine: tuple[float | None, ...]) -> bool:
+    """At least as good on every objective, and better on one. An objective unknown (None) on either side cannot be
+    shown at least as good, so nothing dominates across it: a variant of unknown cost is never pushed off a front by
+    a more accurate one (it may be far cheaper), nor pushes a cheaper one off (it may be far dearer)."""
+    pairs = list(zip(other, mine, strict=True))
+    if any(o is None or s is None for o, s in pairs):
+        return False
+    return all(o >= s for o, s in pairs) and any(o > s for o, s in pairs)  # type: ignore[operator]
 
 
 def pareto_front(metrics: list[VariantMetrics]) -> list[str]:
     """Variants no other variant beats on one objective without losing on another."""
     points = {m.name: _objectives(m) for m in metrics if m.accuracy.mean is not None}
     return [name for name, mine in points.items()
-            if not any(_dominates(other, mine) for other_name, other in points.items() if other_name != name)]
+            if not any(dominates(other, mine) for other_name, other in points.items() if other_name != name)]
 
 
 def choose(metrics: list[VariantMetrics], constraints: Constraints) -> tuple[str | None, str | None]:

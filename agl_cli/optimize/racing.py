@@ -1,8 +1,14 @@
 """Racing: every surviving variant runs on a growing prefix of the (shuffled) search tasks; after each round the
-variants clearly worse than the leader by the paired rule are dropped; it ends at one survivor, at the end of the
+variants clearly worse than a variant that costs no more are dropped; it ends at one survivor, at the end of the
 tasks, or at the budget.
 
-Why the drop rule keeps the best variant: the best is lost only if its paired test against the leader says
+Each variant is judged against one reference: the most accurate variant that is not decidedly more expensive than
+it (its paired cost interval does not lie above zero; a cost nobody knows is no evidence of being cheaper). When
+costs are equal or unknown that is the leader, the most accurate of all. A variant decidedly cheaper than every
+variant that beats it stays: it may be the cheap end of the frontier the user chooses from
+(agl_cli.optimize.frontier), and dropping it would hide that choice.
+
+Why the drop rule keeps the best variant: the best is lost only if its one paired test against its reference says
 `worse` in some round. Each such test runs at alpha / (planned rounds), so over the whole race that happens with
 probability at most alpha (a union bound over rounds). No correction across the variants of one round is needed:
 dropping a variant that is not the best costs nothing but its own chance.
@@ -19,9 +25,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.paired import ALPHA, WORSE, PairKey, compare
+from agl_cli.paired import ALPHA, WORSE, PairKey, compare, difference
 
 Scores = Mapping[str, Mapping[PairKey, float]]
+Costs = Mapping[str, Mapping[PairKey, float] | None]  # per variant, cost by (task, seed); None: unknown
 GROWTH = 1.5  # finer than doubling: a race stops closer to the point where it is decided (bench/optimize)
 
 
@@ -71,6 +78,24 @@ class Round:
         }
 
 
+def _costlier(costs: Costs, reference: str, variant: str, tasks: set[str]) -> bool:
+    """The reference is decidedly more expensive than the variant on these tasks (both costs known)."""
+    mine, theirs = costs.get(variant), costs.get(reference)
+    if mine is None or theirs is None:
+        return False
+    ci = difference(restrict(mine, tasks), restrict(theirs, tasks)).ci95
+    return ci is not None and ci[0] > 0
+
+
+def reference_for(variant: str, ranked: list[str], costs: Costs | None, tasks: set[str]) -> str | None:
+    """The variant's reference: the most accurate other variant (`ranked`: most accurate first) that is not decidedly
+    more expensive than it; None when every variant above it is (it stays)."""
+    above = ranked[: ranked.index(variant)]
+    if costs is None:
+        return above[0] if above else None
+    return next((other for other in above if not _costlier(costs, other, variant, tasks)), None)
+
+
 def decide_round(
     scores: Scores,
     survivors: list[str],
@@ -79,8 +104,10 @@ def decide_round(
     alpha: float,
     index: int = 1,
     infeasible: Mapping[str, str] | None = None,
+    costs: Costs | None = None,
 ) -> Round:
-    """Drop the variants that break a constraint, then those the paired rule calls worse than the leader."""
+    """Drop the variants that break a constraint, then those the paired rule calls worse than their reference (the
+    most accurate variant that is not decidedly more expensive; without `costs`, the leader)."""
     infeasible = infeasible or {}
     dropped = [Drop(v, "infeasible", {"why": infeasible[v]}) for v in survivors if v in infeasible]
     racing = [v for v in survivors if v not in infeasible]
@@ -88,15 +115,18 @@ def decide_round(
         # Nothing meets the constraints: keep racing on accuracy so the report can still say what came closest.
         racing, dropped = list(survivors), []
     mine = {v: restrict(scores.get(v, {}), tasks) for v in racing}
-    leader = max(racing, key=lambda v: mean_score(mine[v]))  # ties: the earlier one (the baseline comes first)
+    # Most accurate first; ties: the earlier one (the baseline comes first).
+    ranked = sorted(racing, key=lambda v: (-mean_score(mine[v]), racing.index(v)))
+    leader = ranked[0]
     kept = [leader]
     for variant in racing:
         if variant == leader:
             continue
-        result = compare(mine[leader], mine[variant], alpha=alpha, interval=False)
-        if result.verdict == WORSE:
+        reference = reference_for(variant, ranked, costs, tasks)
+        result = compare(mine[reference], mine[variant], alpha=alpha, interval=False) if reference else None
+        if result is not None and result.verdict == WORSE:
             dropped.append(Drop(variant, "worse", {
-                "against": leader, "difference": result.difference, "ci95": result.ci95,
+                "against": reference, "difference": result.difference, "ci95": result.ci95,
                 "p_value": result.p_value, "n_tasks": result.n_tasks,
             }))
         else:
@@ -124,10 +154,12 @@ def race(
     growth: float = GROWTH,
     infeasible: Callable[[list[str], set[str]], Mapping[str, str]] | None = None,
     on_round: Callable[[Round], None] | None = None,
+    read_costs: Callable[[], Costs] | None = None,
 ) -> RaceResult:
     """Run the race. `run_batch(variants, tasks)` runs what is missing and returns False when the budget stopped it;
     `read_scores()` gives every variant's rewards by (task, seed); `infeasible(survivors, tasks)` names constraint
-    breakers with the reason."""
+    breakers with the reason; `read_costs()` every variant's cost by (task, seed) (None: unknown), so that a variant
+    decidedly cheaper than all that beat it stays in the race."""
     counts = schedule(len(task_order), first, growth)
     alpha_round = alpha / max(1, len(counts))
     survivors = list(variants)
@@ -140,7 +172,8 @@ def race(
         completed = run_batch(survivors, tasks)
         task_set = set(tasks)
         breakers = infeasible(survivors, task_set) if infeasible else {}
-        decision = decide_round(read_scores(), survivors, task_set, alpha=alpha_round, index=index, infeasible=breakers)
+        decision = decide_round(read_scores(), survivors, task_set, alpha=alpha_round, index=index, infeasible=breakers,
+                                costs=read_costs() if read_costs else None)
         decision.partial = not completed
         rounds.append(decision)
         if on_round:

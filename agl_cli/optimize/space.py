@@ -1,17 +1,26 @@
 """Which variants a study tries: the baseline, plus candidates from explicit `--variant`s, candidate files
-(`--candidate prompts/v3.md` adds an option to a file-valued knob), the full grid, or a seeded random sample of it.
+(`--candidate prompts/v3.md` adds an option to a file-valued knob), the full grid, the grid of a few knobs with the
+others at the baseline (`--across model,system_prompt`), or a seeded random sample of the grid.
+
+The study's spec may differ from the file in two ways, both kept in the study's manifest: `--option knob=VALUE`
+adds an option to a declared knob, and `--base knob=OPTION` makes a setting the study's baseline (the setting kept
+so far), as if it were the knob's first option.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agl_cli.errors import UsageError
 from agl_cli.spec import ExperimentSpec
 from agl_cli.variants import Variant, baseline, grid, make_variant, parse_variant
+from rl_backend.gateway.knobs import KNOBS
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,98 @@ def with_candidates(spec: ExperimentSpec, candidates: list[CandidateFile]) -> Ex
     return working
 
 
+@dataclass(frozen=True)
+class ExtraOption:
+    """An option `--option knob=VALUE` adds to a declared knob: a value, or a file's absolute path."""
+
+    knob: str
+    value: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"knob": self.knob, "value": self.value}
+
+
+def parse_option(spec: ExperimentSpec, text: str, cwd: Path) -> ExtraOption:
+    """`knob=VALUE`: a value read as YAML (`temperature=0.7` is a number) unless the knob's options are all strings,
+    or for a file-valued knob a path relative to where agl runs; checked as the spec checks the knob's own options."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise UsageError(f"--option {text!r}: expected knob=VALUE, e.g. --option model=openai/gpt-4.1")
+    if name not in spec.knobs:
+        raise UsageError(f"--option {text!r}: no knob named {name!r}; the spec's knobs are: "
+                         f"{', '.join(spec.knobs) or 'none'}", hint="declare the knob under `knobs:` in agl.yaml")
+    knob = spec.knobs[name]
+    if knob.files is not None:
+        path = Path(raw).expanduser()
+        path = path if path.is_absolute() else cwd / path
+        if not path.is_file():
+            raise UsageError(f"--option {text!r}: {path} does not exist")
+        return ExtraOption(name, str(path.resolve()))
+    value: Any = raw
+    if not all(isinstance(o, str) for o in knob.options):  # a knob of strings keeps `no` or `1.0` as typed
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+    if knob.via == "gateway" and name in KNOBS:
+        try:
+            value = KNOBS[name].check(value)
+        except ValueError as exc:
+            raise UsageError(f"--option {text!r}: {exc}") from None
+    if name == "model" and knob.via == "gateway" and spec.upstreams:
+        upstream = str(value).partition("/")[0]
+        if upstream not in spec.upstreams:
+            raise UsageError(f"--option {text!r}: upstream {upstream!r} is not declared under `upstreams:` "
+                             f"({', '.join(spec.upstreams)})")
+    return ExtraOption(name, value)
+
+
+def with_options(spec: ExperimentSpec, extra: list[ExtraOption]) -> ExperimentSpec:
+    """A copy of the spec whose knobs also offer the extra options (after their own)."""
+    working = spec.model_copy(deep=True)
+    working.base_dir = spec.base_dir
+    for option in extra:
+        knob = working.knobs[option.knob]
+        if knob.files is not None:
+            if option.value not in {str(working.resolve(f).resolve()) for f in knob.files}:
+                knob.files.append(option.value)
+        elif knob.values is not None and option.value not in knob.values:
+            knob.values.append(option.value)
+    return working
+
+
+def with_base(spec: ExperimentSpec, text: str | None) -> ExperimentSpec:
+    """A copy of the spec whose knobs list the `--base` setting first, so it is the study's baseline (what the
+    search is judged against and confirmed against) and variant names say what differs from it."""
+    if not text:
+        return spec
+    try:
+        chosen = parse_variant(spec, text)
+    except UsageError as exc:
+        raise UsageError(str(exc).replace("--variant", "--base", 1), hint=exc.hint) from None
+    working = spec.model_copy(deep=True)
+    working.base_dir = spec.base_dir
+    for name, option in chosen.settings.items():
+        knob = working.knobs[name]
+        if knob.files is not None:
+            knob.files = [option, *(f for f in knob.files if f != option)]
+        elif knob.values is not None:
+            knob.values = [option, *(v for v in knob.values if v != option)]
+    return working
+
+
+def across(spec: ExperimentSpec, knob_names: list[str]) -> list[Variant]:
+    """Every combination of the named knobs' options, the other knobs at the baseline."""
+    unknown = [k for k in knob_names if k not in spec.knobs]
+    if unknown:
+        raise UsageError(f"--across {','.join(knob_names)}: no knob named {unknown[0]!r}; the spec's knobs are: "
+                         f"{', '.join(spec.knobs) or 'none'}")
+    base = baseline(spec).settings
+    combos = itertools.product(*(spec.knobs[n].options for n in knob_names))
+    return [make_variant(spec, {**base, **dict(zip(knob_names, combo, strict=True))}) for combo in combos]
+
+
 def _unique(variants: list[Variant]) -> list[Variant]:
     """One variant per hash, in order; two different variants that got the same name get a hash suffix."""
     by_hash: dict[str, Variant] = {}
@@ -82,10 +183,13 @@ def build_variants(
     use_grid: bool,
     sample: int | None,
     sample_seed: int,
+    across_knobs: list[str] | None = None,
 ) -> list[Variant]:
     """The baseline first, then the candidates. With no source named, the spec's whole grid."""
     base = baseline(spec)
     chosen: list[Variant] = [base]
+    if across_knobs:
+        chosen += across(spec, across_knobs)
     chosen += [parse_variant(spec, text) for text in explicit]
     for candidate in candidates:
         settings = dict(base.settings)
@@ -96,7 +200,7 @@ def build_variants(
             raise UsageError(f"--sample must be at least 1, got {sample}")
         pool = [v for v in grid(spec) if v.hash != base.hash]
         chosen += random.Random(sample_seed).sample(pool, min(sample, len(pool)))
-    if use_grid or not (explicit or candidates or sample is not None):
+    if use_grid or not (explicit or candidates or sample is not None or across_knobs):
         chosen += grid(spec)
     return _unique(chosen)
 

@@ -18,10 +18,14 @@ from agl_cli.metrics.fmt import usd
 from agl_cli.optimize.cache import agent_version, imported_ids
 from agl_cli.optimize.space import (
     CandidateFile,
+    ExtraOption,
     build_variants,
     parse_candidate,
+    parse_option,
     variants_from_manifest,
+    with_base,
     with_candidates,
+    with_options,
 )
 from agl_cli.preflight import check_commands
 from agl_cli.prices import check_budget_prices
@@ -29,6 +33,7 @@ from agl_cli.rundir import RunDir, find_run, git_sha, runs_root
 from agl_cli.spec import ExperimentSpec, load_spec
 from agl_cli.tasks import Task, load_tasks, select_tasks, task_set_hash
 from agl_cli.variants import Variant, baseline
+from agl_cli.volume import Volume
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 from rl_backend.version import installed_version
@@ -60,6 +65,10 @@ class StudyOptions:
     order_seed: int = 0
     no_cache: bool = False
     reuse_failures: bool = False  # the cache also reuses rollouts that failed by the agent's own doing
+    across: list[str] = field(default_factory=list)  # search these knobs' combinations, the rest at the baseline
+    base: str | None = None  # the study's baseline setting (knob=option[,...]): the setting kept so far
+    extra_options: list[dict[str, Any]] = field(default_factory=list)  # --option: {knob, value} added to a knob
+    volume: dict[str, Any] | None = None  # --volume, as agl_cli.volume.Volume's fields
 
 
 @dataclass
@@ -106,17 +115,30 @@ def _split_tasks(spec: ExperimentSpec, options: StudyOptions) -> tuple[list[Task
     return order[: options.limit], held_out[: options.confirm_limit]
 
 
-def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd: Path) -> Study:
+def _study_spec(spec: ExperimentSpec, options: StudyOptions, candidates: list[CandidateFile]) -> ExperimentSpec:
+    """The spec as the study sees it: the extra options and candidate files added, the --base setting first, and
+    the --volume."""
+    extra = [ExtraOption(o["knob"], o["value"]) for o in options.extra_options]
+    working = with_base(with_candidates(with_options(spec, extra), candidates), options.base)
+    if options.volume is not None:
+        working.volume = Volume.model_validate(options.volume)
+    return working
+
+
+def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd: Path,
+            option_texts: list[str] | None = None) -> Study:
     """Everything a new study needs, without creating its directory yet (a dry run may not need one)."""
     spec_path = (config / "agl.yaml" if config.is_dir() else config).resolve()
     spec = load_spec(spec_path)
-    budget_flag = options.budget_usd is not None
-    check_budget_prices(spec, options.budget_usd if budget_flag else spec.budget.usd,
-                        source="--budget-usd" if budget_flag else "budget.usd")
     check_commands(spec, spec_path=spec_path)
-    candidates = [parse_candidate(spec, text, cwd) for text in candidate_texts]
+    options.extra_options = [parse_option(spec, text, cwd).as_dict() for text in option_texts or []]
+    extended = with_options(spec, [ExtraOption(o["knob"], o["value"]) for o in options.extra_options])
+    candidates = [parse_candidate(extended, text, cwd) for text in candidate_texts]
     options.candidates = [c.as_dict() for c in candidates]
-    working = with_candidates(spec, candidates)
+    working = _study_spec(spec, options, candidates)
+    budget_flag = options.budget_usd is not None
+    check_budget_prices(working, options.budget_usd if budget_flag else spec.budget.usd,
+                        source="--budget-usd" if budget_flag else "budget.usd")
     reflect = options.strategy == "reflect"
     if reflect:
         from agl_cli.optimize.proposer import reflect_settings
@@ -128,7 +150,7 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
     else:
         variants = build_variants(
             working, explicit=options.variants, candidates=candidates, use_grid=options.grid,
-            sample=options.sample, sample_seed=options.sample_seed,
+            sample=options.sample, sample_seed=options.sample_seed, across_knobs=options.across,
         )
     if len(variants) < 2 and not reflect:
         raise UsageError(
@@ -184,7 +206,7 @@ def reopen(reference: str, runs_dir: Path | None) -> Study:
             f"is now {version})",
             hint="resuming would mix two agents; start a new study",
         )
-    working = with_candidates(spec, [CandidateFile(c["knob"], c["path"]) for c in options.candidates])
+    working = _study_spec(spec, options, [CandidateFile(c["knob"], c["path"]) for c in options.candidates])
     by_id = {t.id: t for t in load_tasks(working)}
     wanted = manifest["search_task_ids"] + manifest["confirm_task_ids"]
     missing = [tid for tid in wanted if tid not in by_id]

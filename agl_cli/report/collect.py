@@ -13,13 +13,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.metrics.run import run_pass_threshold
+from agl_cli.metrics.run import run_pass_threshold, run_volume
 from agl_cli.metrics.variant import VariantMetrics, measure
 from agl_cli.optimize.objectives import pareto_front
 from agl_cli.report.compare import Flip, choose_winner, flips, paired_docs
 from agl_cli.report.usage import CallUsage, read_usage
 from agl_cli.run_spend import imported_ids
 from agl_cli.rundir import RunDir
+from agl_cli.volume import Volume
 from rl_backend.store.records import Rollout
 
 HELD_OUT_SPLITS = ("test",)  # an eval on one of these confirms on held-out tasks; any other split is a search
@@ -72,6 +73,7 @@ class RunData:
     study: dict[str, Any] | None
     pass_threshold: float
     train_metrics: list[dict[str, Any]] = field(default_factory=list)
+    volume: Volume | None = None  # the user's volume: costs per month beside costs per task
 
     @property
     def primary(self) -> Section:
@@ -123,7 +125,8 @@ def _group(rollouts: list[Rollout], split: str | None = None, keys: set[str] | N
     return grouped
 
 
-def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> RunData:
+def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None, volume: Volume | None = None) -> RunData:
+    """`volume`: the user's, overriding the one the run was made with (its agl.yaml's `volume:`)."""
     manifest = run.manifest()
     kind = str(manifest.get("kind") or "eval")
     store = run.open_store()
@@ -140,6 +143,7 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
     knobs = {n: stored_variants.get(n, {}).get("knobs", {}) for n in names}
     seeds = int(manifest.get("seeds") or 1)
     threshold = run_pass_threshold(run.path)
+    volume = volume or run_volume(run.path)
     baseline = names[0] if names else None
 
     sections: list[Section] = []
@@ -173,15 +177,15 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         winner = manifest.get("winner") or ((study or {}).get("winner") or {}).get("name")
         if winner and baseline and winner != baseline:
             validation = paired_docs(primary.rollouts.get(baseline, []), {winner: primary.rollouts.get(winner, [])},
-                                     usage.totals)[winner]
+                                     usage.totals, volume)[winner]
             confirm_section = next((s for s in sections[1:] if s.row(winner) and s.row(baseline)), None)
             comparison_section = confirm_section or primary
             comparison = (paired_docs(comparison_section.rollouts[baseline],
-                                      {winner: comparison_section.rollouts[winner]}, usage.totals)[winner]
+                                      {winner: comparison_section.rollouts[winner]}, usage.totals, volume)[winner]
                           if confirm_section else validation)
     elif baseline and len(primary.rows) > 1:
         others = {r.name: primary.rollouts[r.name] for r in primary.rows if r.name != baseline}
-        candidates = paired_docs(primary.rollouts.get(baseline, []), others, usage.totals)
+        candidates = paired_docs(primary.rollouts.get(baseline, []), others, usage.totals, volume)
         winner = choose_winner(primary.rows, candidates)
         comparison, comparison_section = candidates.get(winner or ""), primary
     for section in sections:
@@ -196,4 +200,5 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> R
         comparison=comparison, comparison_section=comparison_section, validation=validation, candidates=candidates,
         flips=flipped, usage=usage, latest=latest, study=study, pass_threshold=threshold,
         train_metrics=train_metrics if train_metrics is not None else load_train_metrics(run, metrics_meta),
+        volume=volume,
     )

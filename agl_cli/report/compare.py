@@ -13,25 +13,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl_cli.costs import latencies, paired_cost
+from agl_cli.metrics.cost import difference_at_volume
 from agl_cli.metrics.run import scores_of
 from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.paired import BETTER, compare_many, difference
+from agl_cli.volume import Volume
 from rl_backend.rewards import passed
 from rl_backend.store.records import CallTotals, Rollout
 
 
 def paired_docs(baseline: list[Rollout], candidates: Mapping[str, list[Rollout]],
-                totals: Mapping[str, CallTotals]) -> dict[str, dict[str, Any]]:
-    """Each candidate vs the baseline (Holm-adjusted when several): accuracy verdict plus cost and latency
-    differences, as `agl compare` reports them."""
+                totals: Mapping[str, CallTotals], volume: Volume | None = None) -> dict[str, dict[str, Any]]:
+    """Each candidate vs the baseline (Holm-adjusted when several): accuracy verdict plus cost (per task, and per
+    month at the volume) and latency differences, as `agl compare` reports them."""
     base = [r for r in baseline if r.status.terminal]
     mine = {name: [r for r in rollouts if r.status.terminal] for name, rollouts in candidates.items()}
     results = compare_many(scores_of(base), {name: scores_of(rs) for name, rs in mine.items()})
     docs = {}
     for name, rollouts in mine.items():
+        cost = paired_cost(base, rollouts, totals, totals)
         docs[name] = {
             "candidate": name, **results[name].as_dict(),
-            "cost_usd_per_task": paired_cost(base, rollouts, totals, totals),
+            "cost_usd_per_task": cost, "cost_usd_per_month": difference_at_volume(cost, volume),
             "latency_s": difference(latencies(base), latencies(rollouts)).as_dict(),
         }
     return docs

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl_cli.costs import cost_unknown_reason
+from agl_cli.metrics.cost import month_column, per_month_text
 from agl_cli.metrics.fmt import count, pct, plural, points, seconds, unpriced_text, usd
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
@@ -19,6 +20,7 @@ from agl_cli.report.collect import RunData, Section
 from agl_cli.report.markup import anchor, reason_label, rich_html, rich_md, rich_plain
 from agl_cli.report.transcripts import Transcript, clip, last_reply, transcript
 from agl_cli.report.verdict import TESTS, notes, verdict
+from agl_cli.volume import Volume
 
 MAX_TRANSCRIPTS = 60  # a report stays readable and small; the run store has every call
 MAX_FLIPS = 40
@@ -45,12 +47,14 @@ def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Cell | st
     return Table(title, [c for c, _ in columns], cells, [a for _, a in columns], note)
 
 
-def _variant_table(section: Section, seeds: int, threshold: float, study_rows: dict[str, dict[str, Any]]) -> Table:
+def _variant_table(section: Section, seeds: int, threshold: float, study_rows: dict[str, dict[str, Any]],
+                   volume: Volume | None = None) -> Table:
     k = seeds
     columns = [("variant", "l"), ("role", "l"), ("n", "r"), ("accuracy [95% CI]", "r")]
     if k > 1:
         columns.append((f"pass^{k} [95% CI]", "r"))
-    columns += [("cost/task [95% CI]", "r"), ("total cost", "r"), ("latency p50 / p95", "r"),
+    columns += [("cost/task [95% CI]", "r")] + ([(month_column(volume), "r")] if volume is not None else [])
+    columns += [("total cost", "r"), ("latency p50 / p95", "r"),
                 ("errors+timeouts [95% CI]", "r"), ("no reward", "r"), ("tokens in / out", "r"), ("served by", "l"),
                 ("Pareto", "l")]
     if study_rows:
@@ -62,8 +66,9 @@ def _variant_table(section: Section, seeds: int, threshold: float, study_rows: d
             tasks = r.pass_k.n
             row.append(pct(r.pass_k.mean, r.pass_k.ci95) + (f" (n={tasks})" if tasks else ""))
         unpriced = r.unpriced_calls
-        row += [usd(r.cost_per_task.mean, r.cost_per_task.ci95, unpriced_calls=unpriced),
-                usd(r.cost_usd, unpriced_calls=unpriced),
+        row += [usd(r.cost_per_task.mean, r.cost_per_task.ci95, unpriced_calls=unpriced)]
+        row += [per_month_text(r, volume)] if volume is not None else []
+        row += [usd(r.cost_usd, unpriced_calls=unpriced),
                 f"{seconds(r.latency_p50)} / {seconds(r.latency_p95)}", pct(r.error_rate.mean, r.error_rate.ci95),
                 f"{r.missing} of {r.planned}", f"{count(r.input_tokens)} / {count(r.output_tokens)}",
                 r.served.label(), "yes" if r.name in section.front else ""]
@@ -106,17 +111,59 @@ def _comparison_rows(data: RunData) -> Table | None:
     for name, label, d in docs:
         diff, cost = d["difference"], d["cost_usd_per_task"]["difference"]
         unknown = cost_unknown_reason(d["cost_usd_per_task"])
-        rows.append([
+        row: list[Cell | str] = [
             name, label, str(d["n_tasks"]), pct(d["baseline_mean"]), pct(d["candidate_mean"]),
             points(diff["mean"], diff["ci95"]), TESTS.get(d["test"], d["test"]), f"{d['p_adjusted']:.3g}",
             d["verdict"], f"unknown ({unknown})" if unknown else usd(cost["mean"], cost["ci95"], signed=True),
-        ])
+        ]
+        if data.volume is not None:
+            monthly = d.get("cost_usd_per_month") or {}
+            row.append(f"unknown ({unknown})" if unknown or monthly.get("mean") is None
+                       else usd(monthly["mean"], monthly["ci95"], signed=True))
+        rows.append(row)
+    month = [("cost/month change", "r")] if data.volume is not None else []
     return _table(
         "Paired against the baseline" + (f" ({data.baseline})" if data.baseline != "baseline" else ""),
         [("candidate", "l"), ("tasks on", "l"), ("tasks", "r"), ("baseline", "r"), ("candidate", "r"),
-         ("difference [95% CI]", "r"), ("test", "l"), ("p", "r"), ("verdict", "l"), ("cost/task change", "r")],
-        rows, "Pairs are (task, seed) both scored; p is Holm-adjusted when several candidates are judged.",
+         ("difference [95% CI]", "r"), ("test", "l"), ("p", "r"), ("verdict", "l"), ("cost/task change", "r"),
+         *month],
+        rows, "Pairs are (task, seed) both scored; p is Holm-adjusted when several candidates are judged."
+        + (f" Cost per month at {data.volume.label()}." if data.volume is not None else ""),
     )
+
+
+def _frontier_table(data: RunData) -> Table | None:
+    """A study's frontier: the configurations the user chooses from, priced at their volume, with each step to the
+    next more accurate one marked decided or not."""
+    from agl_cli.optimize.frontier import step_text
+
+    doc = (data.study or {}).get("frontier")
+    if not isinstance(doc, dict) or not doc.get("members"):
+        return None
+    volume = data.volume
+    columns = [("variant", "l"), ("end", "l"), ("accuracy [95% CI]", "r"), ("n", "r"), ("cost/task [95% CI]", "r")]
+    columns += [(month_column(volume), "r")] if volume is not None else []
+    columns += [("p95 latency", "r"), ("step from the next cheaper", "l")]
+    steps = {step["to"]: step for step in doc.get("steps", [])}
+    rows: list[list[Cell | str]] = []
+    for m in doc["members"]:
+        acc, per_task, unpriced = m["accuracy"], m["cost_usd_per_task"], m.get("unpriced_calls") or 0
+        row: list[Cell | str] = [m["name"], ", ".join(m.get("ends", [])), pct(acc["mean"], acc["ci95"]), str(acc["n"]),
+                                 usd(per_task["mean"], per_task["ci95"], unpriced_calls=unpriced)]
+        if volume is not None:
+            monthly = m.get("cost_usd_per_month") or {}
+            row.append(usd(monthly.get("mean"), monthly.get("ci95"), unpriced_calls=unpriced))
+        row += [seconds(m.get("latency_p95_s")), step_text(steps[m["name"]]) if m["name"] in steps else ""]
+        rows.append(row)
+    note = ("No other configuration is at least as accurate, as cheap and as fast, and better on one. "
+            f"Measured on the {doc['split']} split.")
+    held = doc.get("held_out")
+    if held:
+        note += f" On the held-out {held['split']} split, {held['from']} -> {held['to']}: {step_text(held)}."
+    if doc.get("choice"):
+        note += " The most accurate and the cheapest good configuration differ: which one to run is the user's choice."
+    return _table(f"Frontier on the {doc['split']} split" + (f" at {volume.label()}" if volume else ""),
+                  columns, rows, note)
 
 
 def _reflect_table(data: RunData) -> Table | None:
@@ -275,8 +322,9 @@ def build(data: RunData) -> dict[str, Any]:
         "notes": notes(data),
         "pareto_plots": pareto,
         "distribution_plots": plots.distributions(data.primary) if len(data.primary.rows) <= 1 or not pareto else [],
-        "variant_tables": [_variant_table(s, data.seeds, data.pass_threshold, study_rows) for s in data.sections
-                           if s.rows],
+        "variant_tables": [_variant_table(s, data.seeds, data.pass_threshold, study_rows, data.volume)
+                           for s in data.sections if s.rows],
+        "frontier_table": _frontier_table(data),
         "knob_table": _knob_table(data),
         "reflect_table": _reflect_table(data),
         "comparison_table": _comparison_rows(data),

@@ -16,6 +16,7 @@ from agl_cli.report.context import Table
 from agl_cli.report.markup import fence, md_escape
 from agl_cli.rundir import RunDir
 from agl_cli.templates import templates_dir
+from agl_cli.volume import Volume
 
 FORMATS = ("md", "html")
 REPORT_DIR = "report"
@@ -88,14 +89,16 @@ def write_files(context: dict[str, Any], out_dir: Path, formats: Iterable[str]) 
 
 
 def write_report(run_dir: Path | str | RunDir, formats: Iterable[str] = ("md", "html"), *,
-                 out_dir: Path | None = None, train_metrics: list[dict[str, Any]] | None = None) -> list[Path]:
+                 out_dir: Path | None = None, train_metrics: list[dict[str, Any]] | None = None,
+                 volume: Volume | None = None) -> list[Path]:
     """Write the report of a run or study into `out_dir` (default `<run>/report/`); returns the written paths.
 
-    `train_metrics` overrides the run's own (store meta `train_metrics`, or `train_metrics.jsonl`)."""
+    `train_metrics` overrides the run's own (store meta `train_metrics`, or `train_metrics.jsonl`); `volume` the
+    one the run was made with."""
     from agl_cli.report.collect import collect
     from agl_cli.report.context import build
 
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     chosen = check_formats(formats)
-    context = build(collect(run, train_metrics=train_metrics))
+    context = build(collect(run, train_metrics=train_metrics, volume=volume))
     return write_files(context, out_dir or run.path / REPORT_DIR, chosen)

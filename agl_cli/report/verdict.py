@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from agl_cli.costs import cost_unknown_reason
+from agl_cli.metrics.cost import month_difference_text
 from agl_cli.metrics.fmt import pct, plural, points, seconds, unpriced_text, usd
 from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.paired import BETTER, WORSE
@@ -77,6 +78,9 @@ def _costs(doc: dict[str, Any], base: VariantMetrics | None, win: VariantMetrics
         text = f"cost per task {usd(win.cost_per_task.mean)} vs {usd(base.cost_per_task.mean)}"
         if diff["mean"]:
             text += f" ({usd(diff['mean'], diff['ci95'], signed=True)})"
+        monthly = month_difference_text(doc.get("cost_usd_per_month"))
+        if monthly:
+            text += f"; {monthly}"
         parts.append(text)
     else:
         parts.append("no model cost recorded")
