@@ -8,6 +8,7 @@ Resumable: a key whose latest attempt finished is never run again; an attempt th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.rollout import procs
 from rl_backend.rollout.base import ProcessResult, RolloutController, RolloutJob
-from rl_backend.store.db import RunStore
+from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import FailureKind, RewardSource, Rollout, RolloutStatus
 from rl_backend.store.redact import Redactor
 
@@ -253,10 +254,12 @@ class EvalRunner:
         except asyncio.CancelledError:
             rollout.status, rollout.failure = RolloutStatus.cancelled, FailureKind.interrupted
             rollout.error, rollout.ended_at = "the run was interrupted while this rollout ran", time.time()
-            self.store.put_rollout(rollout)
+            with contextlib.suppress(StoreError):  # a store that refuses writes stopped the run: the resume fixes it
+                self.store.put_rollout(rollout)
             raise
         finally:
-            self.store.forget_process(rid)
+            with contextlib.suppress(StoreError):  # a row left behind is cleared by the resume's recover()
+                self.store.forget_process(rid)
             if gateway is not None:
                 gateway.unregister_rollout(rid)
                 self.services.collect_rollout(rid, self.store)  # a remote gateway's records, before grading reads them

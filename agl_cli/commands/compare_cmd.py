@@ -45,7 +45,7 @@ class Side:
 
 
 def _variants_in(run: RunDir) -> list[str]:
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         names = list(store.variants())
         seen = {r.variant for r in store.rollouts(latest_only=True)}
@@ -112,7 +112,7 @@ def resolve(refs: list[str], context: str | None, runs_dir: Path | None) -> list
 def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
     from agl_cli.errors import UsageError
 
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         rollouts = [r for r in store.rollouts(variant=variant, latest_only=True)
                     if r.status.terminal and (split is None or r.split == split)]

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
     from agl_cli.spec import ExperimentSpec
     from agl_cli.variants import Variant
+    from rl_backend.store.db import RunStore
 
 
 def _prepare_new(
@@ -111,6 +112,37 @@ def execute_eval(
     spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
     use_cache: bool = True, reuse_failures: bool = False,
 ) -> dict[str, Any]:
+    """Run the plan into the run's store and summarise it. A store or disk that refuses a write (locked by another
+    process, full, read-only) stops the run with an error that says so: what finished is kept, and the run is
+    marked interrupted, to resume once the cause is gone."""
+    from agl_cli.rundir import stopped_by_failure
+
+    try:
+        return _execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=use_cache,
+                             reuse_failures=reuse_failures)
+    except Exception as exc:
+        error = stopped_by_failure(run, exc, f"agl eval --resume {run.run_id}")
+        if error is None:
+            raise
+        raise error from None
+
+
+def _execute_eval(
+    spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
+    use_cache: bool, reuse_failures: bool,
+) -> dict[str, Any]:
+    store = run.open_store()
+    try:
+        return _run_plan(spec, run, store, variants, plan, quiet=quiet, use_cache=use_cache,
+                         reuse_failures=reuse_failures)
+    finally:
+        store.close()
+
+
+def _run_plan(
+    spec: ExperimentSpec, run: RunDir, store: RunStore, variants: list[Variant], plan: list[PlannedRollout], *,
+    quiet: bool, use_cache: bool, reuse_failures: bool,
+) -> dict[str, Any]:
     import asyncio
     import sys
     from collections import Counter
@@ -124,7 +156,6 @@ def execute_eval(
     from agl_cli.services import running_services
 
     console = stderr_console()
-    store = run.open_store()
     for variant in variants:
         store.upsert_variant(variant.name, variant.hash, variant.settings)
     store.set_meta("plan_size", len(plan))
@@ -173,7 +204,6 @@ def execute_eval(
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
     run.write_manifest(manifest)
-    store.close()
     if interrupted:
         console.print(
             f"interrupted: {finished} of {len(plan)} rollouts finished and are kept. "

@@ -127,7 +127,7 @@ def transcript_command(
     target = find_run(run, runs_dir)
     if below is None:
         below = run_pass_threshold(target.path)
-    store = target.open_store()
+    store = target.open_store(read_only=True)
     try:
         if rollout is not None:
             attempts = [r for r in store.rollouts() if r.id.startswith(rollout)]

@@ -126,7 +126,7 @@ def _group(rollouts: list[Rollout], split: str | None = None, keys: set[str] | N
 def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None) -> RunData:
     manifest = run.manifest()
     kind = str(manifest.get("kind") or "eval")
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         latest = store.rollouts(latest_only=True)
         stored_variants = store.variants()

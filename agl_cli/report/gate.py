@@ -32,7 +32,7 @@ def _open(ref: RunRef) -> RunDir:
 
 
 def _by_variant(run: RunDir) -> dict[str, list[Rollout]]:
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         names = list(store.variants())
         grouped: dict[str, list[Rollout]] = {}
