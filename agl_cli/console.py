@@ -17,6 +17,24 @@ from rich.table import Table
 _UNBOUNDED = 100_000
 
 
+def _escape(code: int) -> str:
+    return {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code) or (
+        f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+# What a terminal would act on instead of showing: C0 and C1 controls (ANSI escapes start with ESC), DEL, NUL, and the
+# Unicode controls that reorder or break the text around them (bidi overrides and isolates, line separators).
+_UNSAFE = {code: _escape(code) for code in (*range(0x20), 0x7F, *range(0x80, 0xA0), 0x061C, 0x200E, 0x200F, 0x2028,
+                                            0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def safe_text(text: str) -> str:
+    """`text` as a terminal may show it: every control character written as its escape (`\\x1b`, `\\n`,
+    `\\u202e`), so a task id or variant name can neither color, move, hide nor reverse what is printed around it.
+    Only for what people read; JSON output keeps the exact text."""
+    return text.translate(_UNSAFE)
+
+
 def stderr_console() -> Console:
     return Console(stderr=True, no_color="NO_COLOR" in os.environ, highlight=False, soft_wrap=True)
 
@@ -46,7 +64,7 @@ def print_rows(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(Text(safe_text(cell)) for cell in row))
     console = stdout_console()
     print_table(console, table)
     return console

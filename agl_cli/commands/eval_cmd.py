@@ -154,12 +154,17 @@ def _run_plan(
     from agl_cli.progress import RolloutProgress
     from agl_cli.run_spend import own_usd, reused_among, run_spend
     from agl_cli.services import running_services
+    from agl_cli.task_content import check_and_record
 
     console = stderr_console()
+    manifest = run.manifest()
+    # Like with like: a resume after the task file changed is refused before anything runs (agl_cli.task_content).
+    check_and_record(store, run, manifest, list({item.task.id: item.task for item in plan}.values()),
+                     tasks_path=str(spec.resolve(spec.tasks.path)),
+                     start_again=f"agl eval {manifest.get('spec_path') or 'agl.yaml'}")
     for variant in variants:
         store.upsert_variant(variant.name, variant.hash, variant.settings)
     store.set_meta("plan_size", len(plan))
-    manifest = run.manifest()
     if use_cache and manifest.get("agent_version"):
         from agl_cli.optimize.cache import ResultCache
 
