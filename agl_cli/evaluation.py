@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_cli.command_template import fill
 from agl_cli.grading import Grader
 from agl_cli.run_spend import own_usd, run_spend
 from agl_cli.rundir import RunDir
@@ -181,7 +182,7 @@ class EvalRunner:
             "python": shlex.quote(sys.executable),
         }
         if agent.command:
-            return agent.command.format(**values)
+            return fill(agent.command, values)
         return (
             f"{values['python']} -m agl_cli.entry_agent {shlex.quote(str(agent.entry))} "
             f"{values['task_file']} {values['output_file']}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_cli.command_template import fill
 from agl_cli.spec import ExperimentSpec
 from rl_backend.gateway.jsonfast import deeper_than
 from rl_backend.rollout.base import RolloutJob
@@ -130,12 +131,12 @@ class Grader:
         return Grade(score, RewardSource.grader, detail=detail)
 
     async def _grade_command(self, command: str, rollout_id: str, task_file: Path, output_file: Path) -> Grade:
-        line = command.format(
-            task_file=shlex.quote(str(task_file)),
-            output_file=shlex.quote(str(output_file)),
-            rollout_dir=shlex.quote(str(task_file.parent)),
-            python=shlex.quote(sys.executable),
-        )
+        line = fill(command, {
+            "task_file": shlex.quote(str(task_file)),
+            "output_file": shlex.quote(str(output_file)),
+            "rollout_dir": shlex.quote(str(task_file.parent)),
+            "python": shlex.quote(sys.executable),
+        })
         job = RolloutJob(
             rollout_id=rollout_id, command=line, env=self.env, cwd=self.spec.base_dir,
             rollout_dir=task_file.parent, timeout_s=self.spec.grader.timeout_s,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import string
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agl_cli.command_template import placeholders
 from agl_cli.env_values import expand as expand_env
 from agl_cli.errors import ConfigError
 from agl_cli.yaml_source import YamlDocument
@@ -38,17 +38,8 @@ class _FieldError(ValueError):
         self.location = location
 
 
-def _placeholders(template: str) -> set[str]:
-    try:
-        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as exc:
-        raise ValueError(
-            f"cannot parse the placeholders in {template!r}: {exc} (write a literal brace as {{{{ or }}}})"
-        ) from None
-
-
 def _check_placeholders(template: str, allowed: set[str]) -> None:
-    unknown = _placeholders(template) - allowed
+    unknown = placeholders(template) - allowed
     if unknown:
         raise ValueError(
             f"unknown placeholder {{{sorted(unknown)[0]}}}; valid ones are "
