@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from agl_cli.errors import ConfigError
 from agl_cli.main import app
 from agl_cli.spec import load_spec
 from tests.helpers import write_spec
@@ -151,5 +152,5 @@ def test_nested_defaults_and_the_escape_in_every_value(tmp_path: Path, monkeypat
     assert loaded.name == "deep" and loaded.model == "x/plain"
     assert loaded.agent.command == "python agent.py {task_file} {output_file} ${HOME}"
     monkeypatch.delenv("C")
-    text = " ".join(str(pytest.raises(Exception, load_spec, spec).value).split())
-    assert "${C} is not set in the environment" in text
+    with pytest.raises(ConfigError, match=r"\$\{C\} is not set in the environment"):
+        load_spec(spec)
