@@ -207,9 +207,17 @@ class RunsIndex:
 
     @classmethod
     def scan(cls, runs_dir: Path | None = None) -> RunsIndex:
+        """Every run folder of the runs folder once: a symlink to a run listed already (or to the same run as another
+        symlink) is that run, not a second one, so nothing is counted twice."""
         index = cls(runs_root(runs_dir))
-        folders = sorted(p for p in index.root.glob("*") if (p / MANIFEST).is_file()) if index.root.is_dir() else []
-        for folder in folders:
+        found = sorted(p for p in index.root.glob("*") if (p / MANIFEST).is_file()) if index.root.is_dir() else []
+        folders, seen = [], set()
+        for folder in sorted(found, key=lambda p: p.is_symlink()):  # real folders first: they keep their own name
+            target = folder.resolve()
+            if target not in seen:
+                seen.add(target)
+                folders.append(folder)
+        for folder in sorted(folders):
             try:
                 index.runs.append(IndexedRun(RunDir(folder), RunDir(folder).manifest()))
             except UsageError as exc:
