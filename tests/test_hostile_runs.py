@@ -264,3 +264,27 @@ def test_mark_interrupted_never_touches_a_live_holders_rows(tmp_path: Path) -> N
     with RunLock(tmp_path):  # this process's own lock does not stop it
         store.put_rollout(Rollout(id="r2", key="k2", variant="v", task_id="t", status=RolloutStatus.running))
         assert store.mark_interrupted() == 1
+
+
+@pytest.mark.parametrize("command", ["eval", "optimize"])
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path, command: str) -> None:
+    """A supervisor's SIGTERM: the run is marked interrupted, the resume command printed, exit 143; resume ends it."""
+    go = tmp_path / "go"
+    tasks = [{"id": "v0", "split": "val", "answer": "1"},
+             {"id": "held", "split": "val", "behavior": "wait_for_go", "go": str(go), "answer": "1"},
+             {"id": "t0", "split": "test", "answer": "1"}]
+    write_spec(tmp_path, tasks, agent={"command": AGENT}, grader={"command": GRADER}, concurrency=4,
+               tasks={"split": {"field": "split"}},
+               knobs={"flavour": {"values": ["a", "b"], "via": "env", "name": "FLAVOUR"}})
+    proc = _start_agl(tmp_path, command, "agl.yaml", "--json", "--quiet")
+    _wait_for(lambda: list((tmp_path / ".agl" / "runs").glob("*/rollouts/*/started")), 60, "the held agent to start")
+    run = _only_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert f"agl {command} --resume {run.name}" in " ".join(err.split()) and "Traceback" not in err, err
+    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
+    go.touch()
+    resumed = run_agl([command, "--resume", run.name, "--json", "--no-report" if command == "eval" else "--quiet"],
+                      cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr

@@ -274,6 +274,7 @@ def eval_command(
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
     from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
+    from agl_cli.interrupts import TermAsInterrupt
     from agl_cli.metrics.fmt import usd
 
     if resume is not None:
@@ -295,7 +296,7 @@ def eval_command(
         if concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
         spec.concurrency = concurrency
-    with run.hold():  # one process at a time runs this run; a second one is refused with this one's pid
+    with run.hold(), TermAsInterrupt() as stop:  # one process at a time runs this run; SIGTERM acts as Ctrl-C
         result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache,
                               reuse_failures=reuse_failures)
         summaries = result.pop("_summaries")
@@ -323,7 +324,7 @@ def eval_command(
     if gate is not None:
         stderr_console().print(("REGRESSION: " if gate[0] else "no regression: ") + gate[1])
     if result["status"] == "interrupted":
-        raise typer.Exit(130)
+        raise typer.Exit(stop.exit_code)
     if gate is not None and gate[0] and fail_on_regression:
         raise typer.Exit(3)
     if not any(s.accuracy.n for s in summaries):
