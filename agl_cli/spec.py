@@ -114,7 +114,8 @@ class GraderSpec(_Strict):
 
     command: str | None = Field(
         default=None,
-        description="shell command printing a number or JSON {\"score\": x, ...}; placeholders: {task_file}, "
+        description="shell command printing a score from 0 to 1 (1 right, 0 wrong), or JSON {\"score\": x, ...}; "
+        "placeholders: {task_file}, "
         "{output_file}, {rollout_dir}, {python}",
     )
     entry: str | None = Field(
@@ -257,7 +258,7 @@ class ExperimentSpec(_Strict):
     knobs: dict[str, KnobSpec] = Field(default_factory=dict, description="the settings to compare, by knob name")
     seeds: int = Field(default=1, ge=1, description="runs per task (more seeds measure reliability, pass^k)")
     pass_threshold: float = Field(
-        default=DEFAULT_PASS_THRESHOLD, allow_inf_nan=False,
+        default=DEFAULT_PASS_THRESHOLD, allow_inf_nan=False, ge=0.0, le=1.0,
         description="a rollout passes when its reward is at least this: what pass^k, pass@k, training's pass rate and "
         "the reports' count of wrong answers count (accuracy is the mean reward, whatever this says)",
     )
