@@ -56,16 +56,50 @@ def print_table(console: Console, table: Table) -> None:
     whole.print(table)
 
 
+# From this many rows on, a table on a terminal is drawn by plain_table too (rich takes seconds for thousands of rows).
+_MANY_ROWS = 100
+
+
+def plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The text rich draws for a table of one-line plain cells (its default box, a left-justified title), written
+    directly: the same characters in a fraction of the time, for tables of thousands of rows."""
+    widths = [cell_len(c) for c in columns]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], cell_len(cell))
+
+    def line(left: str, fill: str, middle: str, right: str) -> str:
+        return left + middle.join(fill * (w + 2) for w in widths) + right
+
+    def cells(bar: str, values: Sequence[str]) -> str:
+        return bar + bar.join(f" {v}{' ' * (w - cell_len(v))} " for v, w in zip(values, widths, strict=True)) + bar
+
+    out = [title] if title else []
+    out += [line("┏", "━", "┳", "┓"), cells("┃", columns), line("┡", "━", "╇", "┩")]
+    out += [cells("│", row) for row in rows]
+    out.append(line("└", "─", "┴", "┘"))
+    return "\n".join(out) + "\n"
+
+
 def print_rows(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Console:
-    """A table of plain text cells (names and ids are never read as markup) on stdout; returns that console."""
+    """A table of plain text cells (names and ids are never read as markup, control characters are escaped) on
+    stdout; returns that console. Off a terminal, and for long tables that fit it, drawn by plain_table."""
     from rich.text import Text
 
+    title = safe_text(title)
+    safe = [[safe_text(cell) for cell in row] for row in rows]
+    console = stdout_console()
+    if not console.is_terminal or len(safe) >= _MANY_ROWS:
+        text = plain_table(title, columns, safe)
+        if not console.is_terminal or max(map(cell_len, text.splitlines())) <= console.width:
+            console.file.write(text)
+            console.file.flush()
+            return console
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*(Text(safe_text(cell)) for cell in row))
-    console = stdout_console()
+    for row in safe:
+        table.add_row(*(Text(cell) for cell in row))
     print_table(console, table)
     return console
 
