@@ -185,3 +185,16 @@ def test_a_study_resume_refuses_changed_tasks(tmp_path: Path) -> None:
     refused = run_agl(["optimize", "--resume", run.name, "--json"], cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert "1 of its 5 tasks changed" in " ".join(refused.stderr.split()) and "since it started: t1" in refused.stderr
+
+
+def test_the_result_cache_never_reuses_a_rollout_of_a_task_whose_content_changed(tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    agent = {"command": AGENT, "env": {"HOSTILE_MARKERS": str(markers)}}
+    write_spec(tmp_path, _tasks(n=4), agent=agent, grader={"command": GRADER})
+    run_agl(["eval", "agl.yaml", "--json", "--no-report"], cwd=tmp_path, check=True)
+    write_spec(tmp_path, _tasks({2}, n=4), agent=agent, grader={"command": GRADER})  # q2: same id, other question
+    again = run_agl(["eval", "agl.yaml", "--json", "--no-report"], cwd=tmp_path, check=True)
+    assert "reused 3 finished rollouts" in again.stderr
+    starts = sorted(m.name.split(".")[0] for m in markers.iterdir())
+    assert starts == ["q0", "q1", "q2", "q2", "q3"]  # only the changed task ran again

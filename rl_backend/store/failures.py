@@ -140,9 +140,15 @@ def explain_os(exc: OSError, path: Path) -> StoreError | None:
 
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return _out_of_space(path, exc)
-    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    if exc.errno == errno.EROFS:
         return StoreReadOnlyError(
             f"cannot write {path}: {exc.strerror}",
             hint="give agl a writable runs folder: --runs-dir DIR or AGL_HOME=DIR (reading commands work as they are)",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return StoreReadOnlyError(
+            f"cannot use {path}: {exc.strerror}",
+            hint="check that agl may read and write there; for a runs folder agl may only read, give it a writable "
+            "one: --runs-dir DIR or AGL_HOME=DIR",
         )
     return None
