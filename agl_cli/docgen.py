@@ -168,9 +168,16 @@ def spec_reference() -> str:
         "## Example", "", "```yaml", EXAMPLE.rstrip("\n"), "```", "",
         "## Values from the environment", "",
         "Any string value may hold `${VAR}` or `${VAR:-default}`: agl fills it in from the environment when it reads "
-        "the file (`${VAR:-default}` takes the default when `VAR` is unset or empty). A missing variable is an error "
-        "naming the file, line and key. `$${` writes a literal `${`. Keys are never expanded, and `$VAR` without "
-        "braces stays as written.", "",
+        "the file (`${VAR:-default}` takes the default when `VAR` is unset or empty; the default may itself be a "
+        "reference, `${A:-${B}}`). A missing variable is an error naming the file, line and key. `$${` writes a "
+        "literal `${`: `$${HOME}` in a command reaches the shell as `${HOME}`. Keys are never expanded, and `$VAR` "
+        "without braces stays as written.", "",
+        "In `agent.command` and `grader.command` a filled-in value is quoted for the shell where it stands (bare, in "
+        "'single' or in \"double\" quotes), like `{task_file}`: it reaches the program as one argument, exactly as "
+        "written, and a value such as `x; rm -rf ~` runs nothing. For a value the shell should split into words or "
+        "expand, write `$VAR` without braces: the shell reads it from the environment when the command runs. In a "
+        "command, `{name}` is a placeholder and `{{`/`}}` write a literal brace; shell braces such as `${VAR}`, "
+        "`{a,b}` or an awk `{print $1}` are left to the shell.", "",
         "## Prices and unknown cost", "",
         "A call's cost is its tokens times the price of its model per 1M tokens: the price under `prices:` "
         "(`upstream/model`, or a model name for every upstream), else agl's shipped table of hosted models (dated "

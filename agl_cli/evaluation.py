@@ -8,6 +8,7 @@ Resumable: a key whose latest attempt finished is never run again; an attempt th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_cli.command_template import fill
 from agl_cli.grading import Grader
 from agl_cli.run_spend import own_usd, run_spend
 from agl_cli.rundir import RunDir
@@ -28,7 +30,7 @@ from agl_cli.tasks import Task
 from agl_cli.variants import Variant
 from rl_backend.rollout import procs
 from rl_backend.rollout.base import ProcessResult, RolloutController, RolloutJob
-from rl_backend.store.db import RunStore
+from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import FailureKind, RewardSource, Rollout, RolloutStatus
 from rl_backend.store.redact import Redactor
 
@@ -180,7 +182,7 @@ class EvalRunner:
             "python": shlex.quote(sys.executable),
         }
         if agent.command:
-            return agent.command.format(**values)
+            return fill(agent.command, values)
         return (
             f"{values['python']} -m agl_cli.entry_agent {shlex.quote(str(agent.entry))} "
             f"{values['task_file']} {values['output_file']}"
@@ -253,10 +255,12 @@ class EvalRunner:
         except asyncio.CancelledError:
             rollout.status, rollout.failure = RolloutStatus.cancelled, FailureKind.interrupted
             rollout.error, rollout.ended_at = "the run was interrupted while this rollout ran", time.time()
-            self.store.put_rollout(rollout)
+            with contextlib.suppress(StoreError):  # a store that refuses writes stopped the run: the resume fixes it
+                self.store.put_rollout(rollout)
             raise
         finally:
-            self.store.forget_process(rid)
+            with contextlib.suppress(StoreError):  # a row left behind is cleared by the resume's recover()
+                self.store.forget_process(rid)
             if gateway is not None:
                 gateway.unregister_rollout(rid)
                 self.services.collect_rollout(rid, self.store)  # a remote gateway's records, before grading reads them

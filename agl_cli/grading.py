@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_cli.command_template import fill
 from agl_cli.spec import ExperimentSpec
 from rl_backend.gateway.jsonfast import deeper_than
 from rl_backend.rollout.base import RolloutJob
@@ -35,20 +36,53 @@ class Grade:
     error: str | None = None
 
 
+class _Reading:
+    """What one parse of a grader's output noticed: keys given twice in an object, numbers too small for a float."""
+
+    def __init__(self) -> None:
+        self.repeated: list[str] = []
+        self.underflowed: list[str] = []
+
+    def object(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                self.repeated.append(key)
+            result[key] = value
+        return result
+
+    def number(self, text: str) -> float:
+        value = float(text)
+        mantissa = text.lower().partition("e")[0]
+        if value == 0.0 and any(c in "123456789" for c in mantissa):
+            self.underflowed.append(text)
+        return value
+
+
 def parse_score(text: str) -> tuple[float, dict[str, Any] | None]:
-    """A grader prints a number, or a JSON object with `score` (or `reward`). Raises ValueError otherwise."""
+    """A grader prints a number, or a JSON object with `score` (or `reward`). Raises ValueError otherwise, and for
+    a `score` or `reward` key given twice (which one was meant is unknown). A score too small for a float (1e-400)
+    counts as 0, and the grader detail says so (`agl_note`)."""
     stripped = text.strip()
     if not stripped:
         raise ValueError("the grader printed nothing")
     last_line = stripped.splitlines()[-1].strip()
     for candidate in (stripped, last_line):
+        reading = _Reading()
         try:
-            value = json.loads(candidate)
+            value = json.loads(candidate, object_pairs_hook=reading.object, parse_float=reading.number)
         except json.JSONDecodeError:
             continue
         except (ValueError, RecursionError) as exc:  # a number of over 4300 digits; JSON nested past Python's stack
             raise ValueError(f"the grader's output is unusable: {_clip(str(exc) or type(exc).__name__)}") from None
-        return _score_from(value)
+        twice = sorted({k for k in reading.repeated if k in ("score", "reward")})
+        if twice:
+            raise ValueError(f"the grader's JSON gives `{twice[0]}` more than once: which value is meant is unknown")
+        score, detail = _score_from(value)
+        if score == 0.0 and reading.underflowed:
+            note = f"the score {_clip(reading.underflowed[0], 40)} is below the smallest float: counted as 0"
+            detail = {**(detail or {}), "agl_note": note}
+        return score, detail
     raise ValueError(f"the grader printed {_clip(last_line)!r}, which is neither a number nor a JSON object")
 
 
@@ -130,12 +164,12 @@ class Grader:
         return Grade(score, RewardSource.grader, detail=detail)
 
     async def _grade_command(self, command: str, rollout_id: str, task_file: Path, output_file: Path) -> Grade:
-        line = command.format(
-            task_file=shlex.quote(str(task_file)),
-            output_file=shlex.quote(str(output_file)),
-            rollout_dir=shlex.quote(str(task_file.parent)),
-            python=shlex.quote(sys.executable),
-        )
+        line = fill(command, {
+            "task_file": shlex.quote(str(task_file)),
+            "output_file": shlex.quote(str(output_file)),
+            "rollout_dir": shlex.quote(str(task_file.parent)),
+            "python": shlex.quote(sys.executable),
+        })
         job = RolloutJob(
             rollout_id=rollout_id, command=line, env=self.env, cwd=self.spec.base_dir,
             rollout_dir=task_file.parent, timeout_s=self.spec.grader.timeout_s,

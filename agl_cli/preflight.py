@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from agl_cli.command_template import fill
 from agl_cli.errors import ConfigError
 from agl_cli.spec import ExperimentSpec
 from agl_cli.yaml_source import YamlDocument
@@ -27,7 +28,7 @@ _SAMPLE = {"task_file": "task.json", "output_file": "output.txt", "rollout_dir":
 
 def _first_words(command: str) -> list[str]:
     try:
-        return shlex.split(command.format(**_SAMPLE))
+        return shlex.split(fill(command, _SAMPLE))
     except ValueError:  # unbalanced quotes and the like: the shell will say
         return []
 

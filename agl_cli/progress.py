@@ -8,6 +8,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from agl_cli.console import safe_text
 from agl_cli.metrics.fmt import seconds
 from rl_backend.store.records import Rollout
 
@@ -65,7 +66,7 @@ class RolloutProgress:
             else:
                 how = seconds(rollout.duration_s, digits=1)
             self.console.print(
-                f"[{self.done}/{self.total}] {rollout.variant} {rollout.task_id} seed {rollout.seed}: "
-                f"{outcome} ({how})",
+                safe_text(f"[{self.done}/{self.total}] {rollout.variant} {rollout.task_id} seed {rollout.seed}: "
+                          f"{outcome} ({how})"),
                 markup=False,
             )

@@ -19,9 +19,10 @@ from typing import Any
 
 import yaml
 
-from agl_cli.errors import UsageError
+from agl_cli.errors import AglError, UsageError
 from rl_backend.store.db import RunStore, StoreError
-from rl_backend.store.runlock import RunLock, RunLockedError
+from rl_backend.store.failures import explain_os
+from rl_backend.store.runlock import RunLock, RunLockedError, lock_holder
 
 MANIFEST = "manifest.json"
 STORE = "store.sqlite"
@@ -107,7 +108,8 @@ class RunDir:
             ) from None
         except OSError as exc:
             raise UsageError(f"cannot lock {self.path} for this run ({exc.strerror})",
-                             hint="agl writes into the run folder: check that it is yours and writable") from None
+                             hint="agl writes into the run folder: check that it is yours and writable (an archived "
+                             "run: copy its folder into a writable runs folder, and pass --runs-dir)") from None
         try:
             yield
         finally:
@@ -125,14 +127,21 @@ class RunDir:
 
     @classmethod
     def create(cls, root: Path, *, spec_data: dict[str, Any], manifest: dict[str, Any]) -> RunDir:
+        """A new run folder under `root`; a runs folder agl cannot write (read-only, full) is an error saying so."""
         run_id = new_run_id()
         path = root / run_id
-        path.mkdir(parents=True, exist_ok=False)
-        run = cls(path)
-        (path / CONFIG).write_text(yaml.safe_dump(spec_data, sort_keys=False))
-        run.write_manifest(
-            {"run_id": run_id, "created_at": time.time(), "command_line": sys.argv, **manifest}
-        )
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            run = cls(path)
+            (path / CONFIG).write_text(yaml.safe_dump(spec_data, sort_keys=False))
+            run.write_manifest(
+                {"run_id": run_id, "created_at": time.time(), "command_line": sys.argv, **manifest}
+            )
+        except OSError as exc:
+            explained = explain_os(exc, Path(exc.filename) if exc.filename else path)
+            if explained is None:
+                raise
+            raise _as_agl_error(explained) from None
         return run
 
 
@@ -151,6 +160,15 @@ class IndexedRun:
     def kind(self) -> str | None:
         kind = self.manifest.get("kind")
         return kind if isinstance(kind, str) else None
+
+    @property
+    def status(self) -> str | None:
+        """The manifest's status, except that a run it calls `running` which no live process holds was stopped
+        without a chance to say so (killed, or its disk refused the last write): it is `interrupted`."""
+        status = self.manifest.get("status")
+        if status == "running" and lock_holder(self.run.path) is None:
+            return "interrupted"
+        return status if isinstance(status, str) else None
 
     @property
     def spec_path(self) -> str | None:
@@ -189,9 +207,17 @@ class RunsIndex:
 
     @classmethod
     def scan(cls, runs_dir: Path | None = None) -> RunsIndex:
+        """Every run folder of the runs folder once: a symlink to a run listed already (or to the same run as another
+        symlink) is that run, not a second one, so nothing is counted twice."""
         index = cls(runs_root(runs_dir))
-        folders = sorted(p for p in index.root.glob("*") if (p / MANIFEST).is_file()) if index.root.is_dir() else []
-        for folder in folders:
+        found = sorted(p for p in index.root.glob("*") if (p / MANIFEST).is_file()) if index.root.is_dir() else []
+        folders, seen = [], set()
+        for folder in sorted(found, key=lambda p: p.is_symlink()):  # real folders first: they keep their own name
+            target = folder.resolve()
+            if target not in seen:
+                seen.add(target)
+                folders.append(folder)
+        for folder in sorted(folders):
             try:
                 index.runs.append(IndexedRun(RunDir(folder), RunDir(folder).manifest()))
             except UsageError as exc:
@@ -251,3 +277,30 @@ def read_stores(runs: Iterable[IndexedRun], skipped: list[SkippedRun] | None = N
             yield entry, store
         finally:
             store.close()
+
+
+def _as_agl_error(error: StoreError, message: str | None = None, hint: str | None = None) -> AglError:
+    result = AglError(message or str(error), hint=hint if hint is not None else error.hint)
+    result.exit_code = error.exit_code
+    return result
+
+
+def stopped_by_failure(run: RunDir, exc: BaseException, resume: str) -> AglError | None:
+    """The error to show when the run's store or folder refused a write (locked by another process, a full disk, a
+    read-only folder), after marking the run interrupted so that it is listed as such and resumes; None for any
+    other exception (the caller re-raises it)."""
+    error: StoreError | None = None
+    if isinstance(exc, StoreError):
+        error = exc
+    elif isinstance(exc, OSError):
+        error = explain_os(exc, Path(exc.filename) if exc.filename else run.path)
+    if error is None:
+        return None
+    try:
+        manifest = run.manifest()
+        manifest["status"] = "interrupted"
+        run.write_manifest(manifest)
+    except (OSError, UsageError):
+        pass  # the same disk may refuse this too: `agl runs` sees no holder of the run and says interrupted anyway
+    hint = (error.hint + "; then " if error.hint else "") + f"resume the run: {resume}"
+    return _as_agl_error(error, f"{error} — run {run.run_id} stopped; every rollout that finished is kept", hint)

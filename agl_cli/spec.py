@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import string
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agl_cli.command_template import placeholders
 from agl_cli.env_values import expand as expand_env
 from agl_cli.errors import ConfigError
 from agl_cli.volume import FORMS as VOLUME_FORMS
@@ -40,17 +40,8 @@ class _FieldError(ValueError):
         self.location = location
 
 
-def _placeholders(template: str) -> set[str]:
-    try:
-        return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as exc:
-        raise ValueError(
-            f"cannot parse the placeholders in {template!r}: {exc} (write a literal brace as {{{{ or }}}})"
-        ) from None
-
-
 def _check_placeholders(template: str, allowed: set[str]) -> None:
-    unknown = _placeholders(template) - allowed
+    unknown = placeholders(template) - allowed
     if unknown:
         raise ValueError(
             f"unknown placeholder {{{sorted(unknown)[0]}}}; valid ones are "
@@ -125,7 +116,8 @@ class GraderSpec(_Strict):
 
     command: str | None = Field(
         default=None,
-        description="shell command printing a number or JSON {\"score\": x, ...}; placeholders: {task_file}, "
+        description="shell command printing a score from 0 to 1 (1 right, 0 wrong), or JSON {\"score\": x, ...}; "
+        "placeholders: {task_file}, "
         "{output_file}, {rollout_dir}, {python}",
     )
     entry: str | None = Field(
@@ -268,7 +260,7 @@ class ExperimentSpec(_Strict):
     knobs: dict[str, KnobSpec] = Field(default_factory=dict, description="the settings to compare, by knob name")
     seeds: int = Field(default=1, ge=1, description="runs per task (more seeds measure reliability, pass^k)")
     pass_threshold: float = Field(
-        default=DEFAULT_PASS_THRESHOLD, allow_inf_nan=False,
+        default=DEFAULT_PASS_THRESHOLD, allow_inf_nan=False, ge=0.0, le=1.0,
         description="a rollout passes when its reward is at least this: what pass^k, pass@k, training's pass rate and "
         "the reports' count of wrong answers count (accuracy is the mean reward, whatever this says)",
     )

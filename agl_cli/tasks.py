@@ -20,6 +20,11 @@ class Task:
     split: str | None
     line: int
 
+    @property
+    def content_hash(self) -> str:
+        """The task's content (its JSON object, keys sorted): two tasks with one id and different content differ."""
+        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()[:16]
+
 
 def _split_by_fractions(ids: list[str], split: SplitByFractions) -> dict[str, str]:
     # Sort first so the assignment depends only on the set of ids and the seed, not the file's order.

@@ -27,6 +27,7 @@ from agl_cli.evaluation import EvalRunner, PlannedRollout, make_plan
 from agl_cli.rundir import RunDir
 from agl_cli.services import RunServices, running_services
 from agl_cli.spec import ExperimentSpec
+from agl_cli.task_content import check_and_record
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant, baseline
 from rl_backend.store.db import RunStore
@@ -193,6 +194,12 @@ class TrainingRun:
         before, during = phase_variants(self.spec)
         checkpoints = self.run_dir.path / "checkpoints"
         store = self.run_dir.open_store()
+        # Like with like: a resume after the task file changed is refused before anything runs (the held-out
+        # before/after comparison would pair answers to different tasks).
+        manifest = self.run_dir.manifest()
+        check_and_record(store, self.run_dir, manifest, self.train_tasks + self.heldout,
+                         tasks_path=str(self.spec.resolve(self.spec.tasks.path)),
+                         start_again=f"agl train {manifest.get('spec_path') or 'agl.yaml'}")
         for variant in (before, during):
             store.upsert_variant(variant.name, variant.hash, variant.settings)
         policy = self.upstream if self.policy_served_by_trainer else None

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from agl_cli.errors import ConfigError
 from agl_cli.main import app
 from agl_cli.spec import load_spec
 from tests.helpers import write_spec
@@ -118,3 +119,38 @@ def test_integer_task_ids_still_work(tmp_path: Path) -> None:
     from agl_cli.tasks import load_tasks
 
     assert [t.id for t in load_tasks(load_spec(tmp_path / "agl.yaml"))] == ["7", "t8"]
+
+
+def test_variables_in_a_command_reach_the_agent_as_text_never_as_shell(tmp_path: Path) -> None:
+    """`${VAR}` in agent.command is quoted for the shell where it stands; `${A:-${B}}` nests; `$${HOME}` reaches the
+    shell as `${HOME}`, for it to fill in at run time."""
+    from tests.helpers import run_agl
+
+    (tmp_path / "args_agent.py").write_text(
+        "import json, sys\nopen(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))\n")
+    (tmp_path / "grade.py").write_text("print(1)\n")
+    command = ("python args_agent.py {output_file} --label ${LABEL} --quoted '${LABEL}' --double \"${LABEL}\" "
+               "--who ${WHO:-${FALLBACK}} --home $${HOME}")
+    write_spec(tmp_path, [{"id": "a"}], agent={"command": command}, grader={"command": "python grade.py"})
+    env = {"LABEL": "x; touch PWNED'\"$(touch PWNED2)", "FALLBACK": "fb", "HOME": "/home/someone"}
+    result = run_agl(["eval", "agl.yaml", "--json", "--no-report"], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
+    rollout = json.loads(run_agl(["runs", json.loads(result.stdout)["run_id"], "--json"], cwd=tmp_path).stdout)
+    argv = json.loads(rollout["rollouts"][0]["output"])
+    assert argv == ["--label", env["LABEL"], "--quoted", env["LABEL"], "--double", env["LABEL"], "--who", "fb",
+                    "--home", "/home/someone"]
+
+
+def test_nested_defaults_and_the_escape_in_every_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _folder(tmp_path, BASE.replace("{task_file} {output_file}\"", "{task_file} {output_file} $${HOME}\"", 1)
+                   + 'name: "${A:-${B:-${C}}}"\nmodel: "x/${D:-${B:-plain}}"\n')
+    for name in ("A", "B", "D"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("C", "deep")
+    loaded = load_spec(spec)
+    assert loaded.name == "deep" and loaded.model == "x/plain"
+    assert loaded.agent.command == "python agent.py {task_file} {output_file} ${HOME}"
+    monkeypatch.delenv("C")
+    with pytest.raises(ConfigError, match=r"\$\{C\} is not set in the environment"):
+        load_spec(spec)

@@ -80,6 +80,41 @@ def test_unusable_scores_fail_their_rollout_and_the_run_finishes(tmp_path: Path)
         assert doc["variants"][0]["missing_reasons"] == {"grader_garbage": 2}, result.stderr
 
 
+def test_scores_outside_0_to_1_and_a_score_given_twice_are_grader_errors(tmp_path: Path) -> None:
+    tasks = [{"id": g, "grader": g} for g in ("negative", "above_one", "underflow", "twice")]
+    write_spec(tmp_path, [{"id": "ok", "answer": "1"}, *tasks], agent={"command": AGENT}, grader={"command": GRADER})
+    doc, result = _eval(tmp_path, "--no-report")
+    assert result.returncode == 0, result.stderr
+    rollouts = _by_task(doc)
+    for task_id in ("negative", "above_one", "twice"):
+        assert rollouts[task_id].failure is FailureKind.grader_garbage and rollouts[task_id].reward is None, task_id
+    assert "the score is -0.5, outside the accepted range 0 to 1" in rollouts["negative"].error
+    assert "the score is 1.5, outside the accepted range 0 to 1" in rollouts["above_one"].error
+    assert "gives `score` more than once" in rollouts["twice"].error
+    # 1e-400 is positive but below the smallest float: a 0, said so in the grader's detail.
+    assert rollouts["underflow"].reward == 0.0
+    assert rollouts["underflow"].grader_detail == {"agl_note": "the score 1e-400 is below the smallest float: counted as 0"}
+    variant = doc["variants"][0]
+    assert variant["n"] == 2 and variant["missing_reasons"] == {"grader_garbage": 3}
+    assert variant["accuracy"]["mean"] == 0.5  # (1 + 0) / 2: never a negative or >100% accuracy
+
+
+def test_task_ids_with_control_characters_are_escaped_on_the_terminal_and_exact_in_json(tmp_path: Path) -> None:
+    ids = ["\x1b[31mred\x1b[0m", "nul\x00here", "rtl\u202eevil", "two\nlines"]
+    write_spec(tmp_path, [{"id": i, "answer": "1"} for i in ids], agent={"command": AGENT}, grader={"command": GRADER})
+    result = run_agl(["eval", "agl.yaml", "--no-report"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    shown = ["\\x1b[31mred\\x1b[0m", "nul\\x00here", "rtl\\u202eevil", "two\\nlines"]
+    run_id = result.stderr.split("run ", 1)[1].split(":", 1)[0]
+    table = run_agl(["runs", run_id], cwd=tmp_path, check=True).stdout
+    transcript = run_agl(["transcript", run_id], cwd=tmp_path, check=True).stdout
+    for text in (result.stderr, table, transcript):  # progress lines, the run's table, transcript headers
+        assert "\x1b" not in text and "\x00" not in text and "\u202e" not in text, text
+        assert all(s in text for s in shown), text
+    doc = json.loads(run_agl(["runs", run_id, "--json"], cwd=tmp_path, check=True).stdout)
+    assert sorted(r["task_id"] for r in doc["rollouts"]) == sorted(ids)  # JSON keeps them exact
+
+
 def _crashing_eval(folder: Path) -> tuple[Path, Path]:
     markers, flag = folder / "markers", folder / "upstream-down"
     markers.mkdir(parents=True)

@@ -117,3 +117,19 @@ def test_export_into_a_missing_folder_is_a_usage_error(two_runs: tuple[Path, lis
     result = CliRunner().invoke(app, ["gateway", "export", run.name, "--runs-dir", str(root),
                                       "--out", str(tmp_path / "calls.jsonl")])
     assert result.exit_code == 0 and (tmp_path / "calls.jsonl").is_file()
+
+
+def test_a_symlink_to_a_run_is_that_run_not_a_second_one(two_runs: tuple[Path, list[Path]], tmp_path: Path) -> None:
+    root, (run, other) = _copy(two_runs, tmp_path)
+    (root / "zz-link").symlink_to(run, target_is_directory=True)
+    (root / "00-link").symlink_to(run, target_is_directory=True)
+    elsewhere = tmp_path / "archive" / "20240101-000000-arch"
+    shutil.copytree(other, elsewhere)
+    (root / "20240101-000000-arch").symlink_to(elsewhere, target_is_directory=True)  # a run linked in: counted once
+    spend = CliRunner().invoke(app, ["spend", "--runs-dir", str(root), "--json"])
+    assert spend.exit_code == 0, spend.output
+    doc = json.loads(spend.output)
+    assert sorted(r["run_id"] for r in doc["runs"]) == sorted([run.name, other.name, elsewhere.name])
+    assert doc["rollouts"] == 9  # three runs of three rollouts: no run counted twice
+    listed = json.loads(CliRunner().invoke(app, ["runs", "--runs-dir", str(root), "--json"]).output)["runs"]
+    assert sorted(r["run_id"] for r in listed) == sorted([run.name, other.name, elsewhere.name])

@@ -118,10 +118,14 @@ def test_a_store_of_an_older_schema_opens_migrated_with_its_rows(tmp_path: Path,
     path = tmp_path / "store.sqlite"
     _old_store(path, version)
 
-    reader = RunStore(path, read_only=True)  # reads it as it is, and leaves it so
-    assert reader.schema_version == version
+    reader = RunStore(path, read_only=True)  # reads it through a copy brought up to date, and leaves the file so
     assert [r.id for r in reader.rollouts()] == ["r1"] and reader.calls()[0].logprobs == [-0.5]
+    assert [u.calls for u in reader.model_use_by_rollout()["r1"]] == [1]  # a query on columns it lacked
+    assert reader.task_hashes() == {}
     reader.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == version
+    conn.close()
 
     store = RunStore(path)
     assert store.schema_version == SCHEMA_VERSION

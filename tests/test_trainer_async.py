@@ -53,6 +53,7 @@ class ToyGate:
                 with gate.cv:
                     if gate.paused:
                         gate.held += 1
+                        gate.cv.notify_all()  # a test may wait for a call to be held
                     gate.cv.wait_for(lambda: not gate.paused)
                     gate.in_flight += 1
 
@@ -202,7 +203,8 @@ def test_async_loop_trains_with_bounded_staleness_carries_groups_over_and_pauses
 
     def watched_step(batch: Any) -> dict[str, float]:
         paused_during_update.append(gate.paused and gate.in_flight == 0)
-        time.sleep(0.02)  # long enough that the source's next call arrives during the update and is held
+        with gate.cv:  # the first update lasts until the source's next call arrives and is held (a state, not a sleep)
+            gate.cv.wait_for(lambda: gate.held > 0, timeout=30)
         return real_step(batch)
 
     trainer.train_step = watched_step  # type: ignore[method-assign]

@@ -18,6 +18,7 @@ from agl_cli.metrics.fmt import pct, points, seconds, usd
 if TYPE_CHECKING:
     from agl_cli.rundir import RunDir
     from agl_cli.served import ServedModels
+    from agl_cli.task_content import Pairing, RunTasks
     from agl_cli.volume import Volume
     from rl_backend.store.records import CallTotals, ModelUse, Rollout
 
@@ -33,10 +34,22 @@ class Side:
     totals: dict[str, CallTotals]
     uses: dict[str, list[ModelUse]]
     knobs: dict[str, Any]
+    task_hashes: dict[str, str]
 
     @property
     def label(self) -> str:
         return f"{self.run.run_id}:{self.variant}"
+
+    @property
+    def tasks(self) -> RunTasks:
+        from agl_cli.errors import UsageError
+        from agl_cli.task_content import RunTasks
+
+        try:
+            manifest = self.run.manifest()
+        except UsageError:  # a damaged manifest: the store alone still compares
+            manifest = {}
+        return RunTasks(self.label, {r.task_id for r in self.rollouts}, self.task_hashes, manifest)
 
     @property
     def served(self) -> ServedModels:
@@ -46,7 +59,7 @@ class Side:
 
 
 def _variants_in(run: RunDir) -> list[str]:
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         names = list(store.variants())
         seen = {r.variant for r in store.rollouts(latest_only=True)}
@@ -113,19 +126,37 @@ def resolve(refs: list[str], context: str | None, runs_dir: Path | None) -> list
 def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
     from agl_cli.errors import UsageError
 
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         rollouts = [r for r in store.rollouts(variant=variant, latest_only=True)
                     if r.status.terminal and (split is None or r.split == split)]
         totals = store.call_totals_by_rollout()
         uses = store.model_use_by_rollout()
         knobs = store.variants().get(variant, {}).get("knobs", {})
+        task_hashes = store.task_hashes()
     finally:
         store.close()
     if not rollouts:
         where = f" in split {split!r}" if split else ""
         raise UsageError(f"{ref!r}: variant {variant!r} of run {run.run_id} has no finished rollouts{where}")
-    return Side(ref, run, variant, rollouts, totals, uses, knobs)
+    return Side(ref, run, variant, rollouts, totals, uses, knobs, task_hashes)
+
+
+def check_task_content(base: Side, candidates: list[Side], *, allow_different: bool) -> list[Pairing]:
+    """Per candidate, what is known of the content of the tasks it shares with the baseline (see task_content);
+    a pairing of different tasks under the same ids is refused unless `allow_different`."""
+    from agl_cli.task_content import Pairing, pairing, refuse_mismatch
+
+    found = []
+    for side in candidates:
+        if side.run.path == base.run.path:  # variants of one run ran one task set
+            found.append(Pairing(len(base.tasks.task_ids & side.tasks.task_ids), [], False, []))
+            continue
+        result = pairing(base.tasks, side.tasks)
+        if result.mismatched and not allow_different:
+            refuse_mismatch(base.tasks, side.tasks, result, flag="--allow-different-tasks")
+        found.append(result)
+    return found
 
 
 def compare_sides(base: Side, candidates: list[Side], volume: Volume | None = None) -> list[dict[str, Any]]:
@@ -214,6 +245,9 @@ def compare_command(
     split: Annotated[Optional[str], typer.Option(help="Only rollouts of this split, e.g. val or test.")] = None,  # noqa: UP045
     run: Annotated[Optional[str], typer.Option("--run", help="Where bare variant names are looked up.")] = None,  # noqa: UP045
     fail_on_worse: Annotated[bool, typer.Option("--fail-on-worse", help="Exit 3 when a candidate is worse.")] = False,
+    allow_different_tasks: Annotated[bool, typer.Option(
+        "--allow-different-tasks", help="Pair tasks by id even where the two runs' tasks of that id differ in content "
+        "(refused by default: exit 2, naming them).")] = False,
     runs_dir: Annotated[Optional[Path], typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,  # noqa: UP045,E501
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     volume: Annotated[Optional[str], typer.Option(help="Tasks the agent handles in production, e.g. 40000/month (default: the `volume:` the runs were made with): adds the cost difference per month.")] = None,  # noqa: UP045,E501
@@ -234,8 +268,13 @@ def compare_command(
     if same:
         raise UsageError("; ".join(same), hint="a model name the gateway does not know goes to the default `model`; "
                          "name the model as upstream/model (or use the `model` knob via gateway) and run again")
+    content = check_task_content(base, candidates, allow_different=allow_different_tasks)
     at_volume = _volume(volume, sides)
     docs = compare_sides(base, candidates, at_volume)
+    warnings = []
+    for doc, found in zip(docs, content, strict=True):
+        doc["task_content"] = found.as_json()
+        warnings += found.warnings(doc["candidate"]["ref"])
     empty = [d["candidate"]["ref"] for d in docs if d["n_pairs"] == 0]
     if empty:
         raise AglError(f"{', '.join(empty)} and {base.ref} share no scored (task, seed): nothing to compare",
@@ -268,7 +307,7 @@ def compare_command(
             out.print(sentence(short(side), d), markup=False)
     from agl_cli.console import stderr_console
 
-    for line in dict.fromkeys(w for d in docs for w in d["model_warnings"]):
+    for line in dict.fromkeys([*warnings, *(w for d in docs for w in d["model_warnings"])]):
         stderr_console().print(f"warning: {line}", markup=False, highlight=False)
     if fail_on_worse and worse:
         raise typer.Exit(3)

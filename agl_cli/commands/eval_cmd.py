@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from agl_cli.spec import ExperimentSpec
     from agl_cli.variants import Variant
     from agl_cli.volume import Volume
+    from rl_backend.store.db import RunStore
 
 
 def _prepare_new(
@@ -116,6 +117,37 @@ def execute_eval(
     spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
     use_cache: bool = True, reuse_failures: bool = False,
 ) -> dict[str, Any]:
+    """Run the plan into the run's store and summarise it. A store or disk that refuses a write (locked by another
+    process, full, read-only) stops the run with an error that says so: what finished is kept, and the run is
+    marked interrupted, to resume once the cause is gone."""
+    from agl_cli.rundir import stopped_by_failure
+
+    try:
+        return _execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=use_cache,
+                             reuse_failures=reuse_failures)
+    except Exception as exc:
+        error = stopped_by_failure(run, exc, f"agl eval --resume {run.run_id}")
+        if error is None:
+            raise
+        raise error from None
+
+
+def _execute_eval(
+    spec: ExperimentSpec, run: RunDir, variants: list[Variant], plan: list[PlannedRollout], *, quiet: bool,
+    use_cache: bool, reuse_failures: bool,
+) -> dict[str, Any]:
+    store = run.open_store()
+    try:
+        return _run_plan(spec, run, store, variants, plan, quiet=quiet, use_cache=use_cache,
+                         reuse_failures=reuse_failures)
+    finally:
+        store.close()
+
+
+def _run_plan(
+    spec: ExperimentSpec, run: RunDir, store: RunStore, variants: list[Variant], plan: list[PlannedRollout], *,
+    quiet: bool, use_cache: bool, reuse_failures: bool,
+) -> dict[str, Any]:
     import asyncio
     import sys
     from collections import Counter
@@ -128,13 +160,17 @@ def execute_eval(
     from agl_cli.progress import RolloutProgress
     from agl_cli.run_spend import own_usd, reused_among, run_spend
     from agl_cli.services import running_services
+    from agl_cli.task_content import check_and_record
 
     console = stderr_console()
-    store = run.open_store()
+    manifest = run.manifest()
+    # Like with like: a resume after the task file changed is refused before anything runs (agl_cli.task_content).
+    check_and_record(store, run, manifest, list({item.task.id: item.task for item in plan}.values()),
+                     tasks_path=str(spec.resolve(spec.tasks.path)),
+                     start_again=f"agl eval {manifest.get('spec_path') or 'agl.yaml'}")
     for variant in variants:
         store.upsert_variant(variant.name, variant.hash, variant.settings)
     store.set_meta("plan_size", len(plan))
-    manifest = run.manifest()
     if use_cache and manifest.get("agent_version"):
         from agl_cli.optimize.cache import ResultCache
 
@@ -179,7 +215,6 @@ def execute_eval(
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
     run.write_manifest(manifest)
-    store.close()
     if interrupted:
         console.print(
             f"interrupted: {finished} of {len(plan)} rollouts finished and are kept. "
@@ -250,6 +285,7 @@ def eval_command(
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
     from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
+    from agl_cli.interrupts import TermAsInterrupt
     from agl_cli.metrics.fmt import usd
     from agl_cli.volume import parse_volume
 
@@ -275,7 +311,7 @@ def eval_command(
         if concurrency < 1:
             raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
         spec.concurrency = concurrency
-    with run.hold():  # one process at a time runs this run; a second one is refused with this one's pid
+    with run.hold(), TermAsInterrupt() as stop:  # one process at a time runs this run; SIGTERM acts as Ctrl-C
         result = execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=not no_cache,
                               reuse_failures=reuse_failures)
         summaries = result.pop("_summaries")
@@ -303,7 +339,7 @@ def eval_command(
     if gate is not None:
         stderr_console().print(("REGRESSION: " if gate[0] else "no regression: ") + gate[1])
     if result["status"] == "interrupted":
-        raise typer.Exit(130)
+        raise typer.Exit(stop.exit_code)
     if gate is not None and gate[0] and fail_on_regression:
         raise typer.Exit(3)
     if not any(s.accuracy.n for s in summaries):

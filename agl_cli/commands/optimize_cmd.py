@@ -256,21 +256,30 @@ def optimize_command(
             return
         create(study, runs_dir)
     from agl_cli.commands.eval_cmd import _write_report
+    from agl_cli.interrupts import TermAsInterrupt
     from agl_cli.optimize.engine import execute_study
+    from agl_cli.rundir import stopped_by_failure
 
-    with study.run.hold():  # one process at a time runs this study; a second one is refused with this one's pid
+    # One process at a time runs this study (a second one is refused with this one's pid); SIGTERM acts as Ctrl-C.
+    with study.run.hold(), TermAsInterrupt() as stop:
         if resume is not None:
             manifest = study.run.manifest()
             console.print(f"resuming study {study.run.run_id} (status {manifest.get('status')}): finished rollouts "
                           "are kept, decisions are replayed from the store")
-        report = execute_study(study, quiet=quiet, use_cache=use_cache)
+        try:
+            report = execute_study(study, quiet=quiet, use_cache=use_cache)
+        except Exception as exc:  # a store or disk that refused a write: said clearly, the study resumable
+            error = stopped_by_failure(study.run, exc, f"agl optimize --resume {study.run.run_id}")
+            if error is None:
+                raise
+            raise error from None
         if report["status"] != "interrupted":
             report["report"] = _write_report(study.run)
     if report["status"] == "interrupted":
         console.print(f"interrupted; nothing finished is lost. Resume with: agl optimize --resume {study.run.run_id}")
         if json_output:
             print_json(report)
-        raise typer.Exit(130)
+        raise typer.Exit(stop.exit_code)
     if json_output:
         print_json(report)
     else:

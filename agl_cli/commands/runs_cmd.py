@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def _listing(index: RunsIndex, *, kind: str | None, spec: Path | None, agent_version: str | None) -> dict[str, Any]:
     rows = [{
-        "run_id": r.run_id, "kind": r.kind, "status": r.manifest.get("status"), "spec": r.spec_path,
+        "run_id": r.run_id, "kind": r.kind, "status": r.status, "spec": r.spec_path,
         "split": r.manifest.get("split"), "created_at": r.created_at,
         "variants": [str(v.get("name")) for v in r.manifest.get("variants", []) if isinstance(v, dict)],
     } for r in index.select(kind=kind, spec=spec, agent_version=agent_version)]
@@ -27,6 +27,7 @@ def _listing(index: RunsIndex, *, kind: str | None, spec: Path | None, agent_ver
 def _run_document(target: RunDir) -> dict[str, Any]:
     """The run's manifest facts and its rollouts, each with its calls' use per `upstream/model` (secrets removed)."""
     from agl_cli.report.redact import scrub, scrub_text
+    from agl_cli.rundir import IndexedRun
 
     manifest = target.manifest()
     store = target.open_store(read_only=True)
@@ -57,7 +58,7 @@ def _run_document(target: RunDir) -> dict[str, Any]:
         docs.append(doc)
     return {
         "run_id": target.run_id, "run_dir": str(target.path), "kind": manifest.get("kind"),
-        "status": manifest.get("status"), "spec": manifest.get("spec_path"), "split": manifest.get("split"),
+        "status": IndexedRun(target, manifest).status, "spec": manifest.get("spec_path"), "split": manifest.get("split"),
         "created_at": manifest.get("created_at"), "rollouts": docs,
     }
 

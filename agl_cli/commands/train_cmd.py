@@ -162,6 +162,7 @@ def train_command(
     """Train the model the agent calls (GRPO on exact token ids through the gateway), then compare it with the base."""
     from agl_cli.console import print_json, stderr_console, stdout_console
     from agl_cli.errors import UsageError
+    from agl_cli.interrupts import TermAsInterrupt
     from agl_cli.tasks import load_tasks, select_tasks
     from agl_cli.training import TRAINED_DIR, TrainingRun, TrainOptions
 
@@ -200,7 +201,8 @@ def train_command(
         if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
             raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
         spec, run = _new_run(config, options, runs_dir)
-    with run.hold():  # one process at a time trains this run; a second one is refused with this one's pid
+    # One process at a time trains this run (a second one is refused with this one's pid); SIGTERM acts as Ctrl-C.
+    with run.hold(), TermAsInterrupt() as stop:
         tasks = load_tasks(spec)
         train_tasks = select_tasks(tasks, split=options.train_split, limit=None)
         heldout = select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit)
@@ -216,7 +218,7 @@ def train_command(
             outcome = training.run(on_step)
         except KeyboardInterrupt:
             console.print(f"interrupted; continue with: agl train --resume {run.run_id}")
-            raise typer.Exit(130) from None
+            raise typer.Exit(stop.exit_code) from None
         finally:
             tracking.close()
         result = finish_run(run, outcome)

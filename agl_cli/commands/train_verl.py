@@ -113,6 +113,7 @@ def verl_command(
     from agl_cli.commands.train_cmd import _new_run, finish_run, step_printer
     from agl_cli.console import print_json, stderr_console
     from agl_cli.errors import UsageError
+    from agl_cli.interrupts import TermAsInterrupt
     from agl_cli.preflight import check_commands
     from agl_cli.spec import load_spec
     from agl_cli.tasks import load_tasks, select_tasks
@@ -175,7 +176,7 @@ def verl_command(
     tracking = open_trackers([], run_dir=run.path, run_id=run.run_id, name=run.run_id, config={})
     printer = step_printer(console, tracking)
     # One process at a time trains this run (a second is refused with this one's pid); stdout carries data only.
-    with run.hold(), _stdout_for_data_only() as data:
+    with run.hold(), _stdout_for_data_only() as data, TermAsInterrupt() as stop:  # SIGTERM acts as Ctrl-C
 
         def on_step(record: Any) -> None:
             printer(record)
@@ -185,7 +186,7 @@ def verl_command(
             outcome = training.run(on_step)
         except KeyboardInterrupt:
             console.print(f"interrupted; continue with: agl train {config} --backend verl --resume")
-            raise typer.Exit(130) from None
+            raise typer.Exit(stop.exit_code) from None
         result = finish_run(run, outcome)
         comparison = result["comparison"]
         console.print(comparison["sentence"] if comparison else "no held-out rollout finished: nothing to compare",

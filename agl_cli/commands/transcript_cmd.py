@@ -73,8 +73,10 @@ def _indent(text: str) -> str:
 def _text(doc: dict[str, Any]) -> str:
     reward = "no reward" + (f" ({doc['failure']})" if doc["failure"] else "") if doc["reward"] is None \
         else f"reward {doc['reward']:g}"
-    lines = [f"== {doc['rollout_id']}  variant {doc['variant']}  task {doc['task_id']}  seed {doc['seed']}  "
-             f"{reward}  ({doc['model_calls']} model call{'' if doc['model_calls'] == 1 else 's'})"]
+    from agl_cli.console import safe_text
+
+    lines = [safe_text(f"== {doc['rollout_id']}  variant {doc['variant']}  task {doc['task_id']}  seed {doc['seed']}  ")
+             + f"{reward}  ({doc['model_calls']} model call{'' if doc['model_calls'] == 1 else 's'})"]
     for call in doc.get("calls", []):
         skipped = f", {call['earlier_turns_skipped']} earlier turns not repeated" if call["earlier_turns_skipped"] else ""
         lines.append(f"-- call {call['call']}: {call['api']} {call['model']}, {call['status']}, {call['tokens']}, "
@@ -127,7 +129,7 @@ def transcript_command(
     target = find_run(run, runs_dir)
     if below is None:
         below = run_pass_threshold(target.path)
-    store = target.open_store()
+    store = target.open_store(read_only=True)
     try:
         if rollout is not None:
             attempts = [r for r in store.rollouts() if r.id.startswith(rollout)]

@@ -103,10 +103,16 @@ class Executor:
 def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> Iterator[Executor]:
     """The study's store, ledger, model services and runner, for as long as the block runs."""
     from agl_cli.services import running_services
+    from agl_cli.task_content import check_and_record
     from rl_backend.rollout.local import LocalController
 
     store = study.run.open_store()
     try:
+        # Like with like: a resume after the task file changed is refused before anything runs, so the confirmation
+        # never pairs the baseline's answers to old tasks with the winner's answers to new ones.
+        check_and_record(store, study.run, study.run.manifest(), study.search_tasks + study.confirm_tasks,
+                         tasks_path=str(study.spec.resolve(study.spec.tasks.path)),
+                         start_again=f"agl optimize {study.spec_path}")
         for variant in study.variants:
             store.upsert_variant(variant.name, variant.hash, variant.settings)
         opts = study.options

@@ -129,7 +129,7 @@ def collect(run: RunDir, train_metrics: list[dict[str, Any]] | None = None, volu
     """`volume`: the user's, overriding the one the run was made with (its agl.yaml's `volume:`)."""
     manifest = run.manifest()
     kind = str(manifest.get("kind") or "eval")
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         latest = store.rollouts(latest_only=True)
         stored_variants = store.variants()

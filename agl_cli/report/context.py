@@ -294,7 +294,7 @@ def build(data: RunData) -> dict[str, Any]:
     included = set(chosen)
     by_id = {r.id: r for r in data.latest}
     _, examples = fail.breakdown(data)
-    store = data.run.open_store()
+    store = data.run.open_store(read_only=True)
     try:
         transcripts: list[Transcript] = [transcript(by_id[rid], store.calls(rollout_id=rid), anchor(rid))
                                          for rid in chosen if rid in by_id]

@@ -20,6 +20,7 @@ from agl_cli.metrics.fmt import pct, points
 from agl_cli.metrics.run import scores_of
 from agl_cli.paired import ALPHA, WORSE, binomial_two_sided, compare_many, holm
 from agl_cli.rundir import RunDir, find_run
+from agl_cli.task_content import pairing, refuse_mismatch, run_tasks
 from rl_backend.store.records import Rollout
 
 RunRef = RunDir | Path | str
@@ -32,7 +33,7 @@ def _open(ref: RunRef) -> RunDir:
 
 
 def _by_variant(run: RunDir) -> dict[str, list[Rollout]]:
-    store = run.open_store()
+    store = run.open_store(read_only=True)
     try:
         names = list(store.variants())
         grouped: dict[str, list[Rollout]] = {}
@@ -62,6 +63,12 @@ def regression_verdict(baseline_run: RunRef, new_run: RunRef) -> tuple[bool, str
     if not base_groups or not new_groups:
         empty = base_run if not base_groups else new
         raise UsageError(f"run {empty.run_id} has no finished rollouts: nothing to compare")
+    if base_run.path.resolve() != new.path.resolve():  # like with like: the same task ids must be the same tasks
+        old_side = run_tasks(base_run, {r.task_id for rs in base_groups.values() for r in rs})
+        new_side = run_tasks(new, {r.task_id for rs in new_groups.values() for r in rs})
+        found = pairing(old_side, new_side)
+        if found.mismatched:
+            refuse_mismatch(old_side, new_side, found, flag=None)
     first = next(iter(base_groups))
     against = {name: name if name in base_groups else first for name in new_groups}
     # compare_many takes one baseline; group the new variants by the baseline variant they are judged against.

@@ -80,12 +80,13 @@ class LocalController:
             start_new_session=True,
             preexec_fn=procs.parent_death_signal(os.getpid()),
         )
-        self.reaper.register(proc.pid, tag)
+        ticks = procs.start_ticks(proc.pid)
+        self.reaper.register(proc.pid, tag, ticks)
         try:
             if job.on_spawn is not None:
                 job.on_spawn(procs.identify(proc.pid, command=job.command, tag=tag, rollout_id=job.rollout_id))
         except BaseException:
-            self._end_all(proc, tag)
+            self._end_all(proc, tag, ticks)
             raise
         out, err = _Tail(self.tail_bytes), _Tail(self.tail_bytes)
         readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
@@ -94,17 +95,19 @@ class LocalController:
             await asyncio.wait_for(_exited(proc), timeout=job.timeout_s)
         except TimeoutError:
             timed_out = True
-            await self._stop(proc, tag)
+            await self._stop(proc, tag, ticks)
         except asyncio.CancelledError:
-            await asyncio.shield(self._stop(proc, tag))
+            await asyncio.shield(self._stop(proc, tag, ticks))
             readers.cancel()
+            _close_pipes(proc)
             raise
-        # The agent is done: whatever it left running, in its group or in sessions of their own, goes with it.
-        self._end_all(proc, tag)
+        # The agent is done: whatever it left running, in its group, its session or sessions of their own, goes too.
+        self._end_all(proc, tag, ticks)
         try:
             await asyncio.wait_for(readers, timeout=PIPE_DRAIN_S)
         except (TimeoutError, asyncio.CancelledError):
             readers.cancel()
+        _close_pipes(proc)
         return ProcessResult(
             exit_code=None if timed_out else proc.returncode,
             timed_out=timed_out,
@@ -115,14 +118,24 @@ class LocalController:
             stderr_bytes=err.total,
         )
 
-    def _end_all(self, proc: asyncio.subprocess.Process, tag: str) -> None:
+    def _end_all(self, proc: asyncio.subprocess.Process, tag: str, ticks: int | None) -> None:
         procs.signal_group(proc.pid, signal.SIGKILL)
         procs.end_tagged(tag)
+        procs.end_session(proc.pid, ticks)
         self.reaper.unregister(proc.pid)
 
-    async def _stop(self, proc: asyncio.subprocess.Process, tag: str) -> None:
+    async def _stop(self, proc: asyncio.subprocess.Process, tag: str, ticks: int | None) -> None:
         procs.signal_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_exited(proc), timeout=KILL_GRACE_S)
-        self._end_all(proc, tag)
+        self._end_all(proc, tag, ticks)
         await _exited(proc)
+
+
+def _close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of the agent's pipes now, on the running loop. A process that escaped every way of finding it
+    (a session of its own and no tag) may still hold their other ends; left open, asyncio would close them when the
+    process object is collected, after the loop is gone: `RuntimeError: Event loop is closed` on stderr."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()

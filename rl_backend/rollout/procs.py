@@ -3,7 +3,9 @@ agl left behind.
 
 Every local agent starts in a session and process group of its own, with a tag in its environment
 (`AGL_PROCESS_TAG`) that its descendants inherit wherever they go: into another process group, or a session they
-start with `setsid`. Ending a rollout ends its group and every process carrying its tag. The agent also gets a
+start with `setsid`. A descendant that scrubs its environment loses the tag, but unless it starts a session of its
+own it stays in the agent's session. Ending a rollout ends its group, every process carrying its tag and every
+process of its session. The agent also gets a
 parent-death signal (Linux `PR_SET_PDEATHSIG`), so it is killed when agl dies, even by kill -9; what it started
 itself is found by its tag on the next resume. Linux only (`/proc`); elsewhere only the process group is ended.
 """
@@ -28,16 +30,21 @@ _PROC = Path("/proc")
 _PR_SET_PDEATHSIG = 1
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks since boot) from /proc/<pid>/stat, or None if the process is gone."""
+def _fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None if the process is gone."""
     try:
         stat = (_PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may itself hold spaces and parentheses.
-    fields = stat[stat.rindex(")") + 2 :].split()
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot), or None if the process is gone."""
+    fields = _fields(pid)
     try:
-        return fields[0], int(fields[19])
+        return (fields[0], int(fields[19])) if fields is not None else None
     except (IndexError, ValueError):
         return None
 
@@ -45,6 +52,35 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def start_ticks(pid: int) -> int | None:
     found = _stat(pid)
     return found[1] if found is not None else None
+
+
+def session_pids(sid: int, since_ticks: int | None) -> list[int]:
+    """Live processes in session `sid` (the agent's: it leads a session of its own) that started at or after
+    `since_ticks`, the agent's start: what it started, even in a process group of its own with a scrubbed environment
+    (so without its tag). The start time keeps out an older session that a reused pid once led."""
+    if not _PROC.is_dir() or since_ticks is None:
+        return []
+    me = os.getpid()
+    found = []
+    for entry in os.scandir(_PROC):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        fields = _fields(int(entry.name))
+        try:
+            if fields and fields[0] != "Z" and int(fields[3]) == sid and int(fields[19]) >= since_ticks:
+                found.append(int(entry.name))
+        except (IndexError, ValueError):
+            continue
+    return found
+
+
+def end_session(sid: int, since_ticks: int | None, sig: int = signal.SIGKILL) -> int:
+    """Send `sig` to every process of the agent's session (see session_pids); returns how many there were."""
+    pids = session_pids(sid, since_ticks)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return len(pids)
 
 
 def has_tag(pid: int, tag: str) -> bool:
@@ -154,6 +190,7 @@ def end_leftover(process: AgentProcess) -> int:
         signal_group(process.pgid, signal.SIGKILL)
         ended += 1
     ended += end_tagged(process.tag)
+    ended += end_session(process.pid, process.start_ticks)
     return ended
 
 

@@ -1,9 +1,10 @@
 """The watchdog that ends a run's agents when agl dies, however it dies (kill -9 included).
 
 A small process of its own (`python -m rl_backend.rollout.reaper`, in a session of its own so Ctrl-C does not reach
-it) reads `+PGID TAG` and `-PGID` lines on stdin: the agents agl started and those that ended. When its input ends,
-agl has exited (the kernel closes the pipe with the process), and it kills every process group still listed and
-every process carrying a listed tag (rl_backend/rollout/procs.py), then exits. The parent-death signal ends the
+it) reads `+PGID START_TICKS TAG` and `-PGID` lines on stdin: the agents agl started and those that ended. When its
+input ends, agl has exited (the kernel closes the pipe with the process), and it kills every process group still
+listed, every process carrying a listed tag and every process of a listed agent's session
+(rl_backend/rollout/procs.py), then exits. The parent-death signal ends the
 agent itself; this ends what the agent started.
 """
 
@@ -47,8 +48,10 @@ class Reaper:
         except (BrokenPipeError, ValueError):
             self._broken = True
 
-    def register(self, pgid: int, tag: str) -> None:
-        self._send(f"+{pgid} {tag}")
+    def register(self, pgid: int, tag: str, start_ticks: int | None = None) -> None:
+        """An agent started: `pgid` leads its group and session, `tag` marks its descendants, `start_ticks` is when
+        it started (only processes of its session started since then are its own)."""
+        self._send(f"+{pgid} {-1 if start_ticks is None else start_ticks} {tag}")
 
     def unregister(self, pgid: int) -> None:
         self._send(f"-{pgid}")
@@ -70,19 +73,20 @@ def _close(proc: subprocess.Popen[bytes]) -> None:
 def main() -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    listed: dict[int, str] = {}
+    listed: dict[int, tuple[int | None, str]] = {}
     for raw in sys.stdin.buffer:
         line = raw.decode(errors="replace").strip()
         with contextlib.suppress(ValueError):
             if line.startswith("+"):
-                pgid, _, tag = line[1:].partition(" ")
-                listed[int(pgid)] = tag
+                pgid, ticks, tag = line[1:].split(" ", 2)
+                listed[int(pgid)] = (None if int(ticks) < 0 else int(ticks), tag)
             elif line.startswith("-"):
                 listed.pop(int(line[1:]), None)
-    for pgid, tag in listed.items():
+    for pgid, (ticks, tag) in listed.items():
         procs.signal_group(pgid, signal.SIGKILL)
         if tag:
             procs.end_tagged(tag)
+        procs.end_session(pgid, ticks)
 
 
 if __name__ == "__main__":

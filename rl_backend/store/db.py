@@ -3,14 +3,19 @@ rows written and read through one codec (codec.py), its sums over model calls in
 
 Writers in several threads (the gateway, the runner) and processes (a resumed run) share it safely:
 each RunStore serialises its own writes behind a lock, and SQLite's WAL and busy timeout do the rest.
-A store opened `read_only` is never migrated or written: what a report or an advice reads, it leaves as it was.
+A store opened `read_only` is never migrated or written: what a report or an advice reads, it leaves as it was,
+and it opens on read-only media too (an archived run). A write SQLite refuses (the store locked by another process,
+a full disk, a read-only folder) is a StoreError that says so and what to do (rl_backend/store/failures.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -19,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from rl_backend.store import aggregates, codec
+from rl_backend.store.failures import StoreReadOnlyError, busy_timeout_s, explain, explain_os
 from rl_backend.store.records import AgentProcess, CallRecord, CallTotals, FailureKind, ModelUse, Rollout, RolloutStatus
 from rl_backend.store.runlock import lock_holder
-from rl_backend.store.schema import StoreError, check_not_newer, migrate, schema_version
+from rl_backend.store.schema import SCHEMA_VERSION, StoreError, check_not_newer, migrate, schema_version
 
 
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
@@ -35,22 +41,23 @@ class RunStore:
     def __init__(self, path: Path | str, *, read_only: bool = False) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        self._lock = threading.RLock()
+        self._refused: StoreError | None = None  # the first write this store refused (see `transaction`)
+        self._copy: tempfile.TemporaryDirectory[str] | None = None  # read-only media: a copy holding the WAL
+        self._file_version: int | None = None  # set when a read-only handle reads an older store through a copy
         if read_only and not self.path.is_file():
             raise StoreError(f"{self.path} does not exist: there is no run store to read")
         if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise explain_os(exc, self.path.parent) or StoreError(f"cannot create {self.path.parent}: {exc}") from None
+        timeout = busy_timeout_s()
+        self._conn = self._connect(str(self.path), timeout)
         try:
-            self._conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path} cannot be opened as a run store ({exc})") from None
-        try:
-            self._conn.row_factory = sqlite3.Row
-            self._conn.execute("PRAGMA busy_timeout=30000")
+            self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             if read_only:
-                self._conn.execute("PRAGMA query_only=1")
-                if check_not_newer(self._conn, self.path) == 0:
-                    raise StoreError(f"{self.path} holds no run yet (an agl process may be creating it)")
+                self._open_for_reading(timeout)
             else:
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 # NORMAL keeps every committed row across a kill -9 of this process (the WAL is written, not fsynced).
@@ -58,10 +65,68 @@ class RunStore:
                 with self._lock:
                     migrate(self._conn, self.path)
         except BaseException as exc:
-            self._conn.close()
+            self.close()
             if isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc):
                 raise self._damaged(exc) from None
+            if isinstance(exc, sqlite3.OperationalError):
+                explained = explain(exc, self.path)
+                if explained is not None:
+                    raise explained from None
             raise
+
+    def _connect(self, target: str, timeout: float, *, uri: bool = False) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(target, timeout=timeout, check_same_thread=False, isolation_level=None, uri=uri)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path} cannot be opened as a run store ({exc})") from None
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _open_for_reading(self, timeout: float) -> None:
+        """Read the store where it lies; on read-only media (an archived run, another user's folder), where SQLite
+        cannot make the WAL's index file next to it, read it read-only, or immutable, or a private copy of it."""
+        self._conn.execute("PRAGMA query_only=1")
+        try:
+            version = check_not_newer(self._conn, self.path)
+        except sqlite3.OperationalError as exc:
+            if not isinstance(explain(exc, self.path), StoreReadOnlyError):
+                raise
+            self._conn.close()
+            self._conn = self._open_on_read_only_media(timeout)
+            version = check_not_newer(self._conn, self.path)
+        if version == 0:
+            raise StoreError(f"{self.path} holds no run yet (an agl process may be creating it)")
+        if version < SCHEMA_VERSION:
+            self._file_version = version
+            # An older agl's store: read through a copy in memory brought up to date, so every query finds the
+            # columns and tables it expects; the file itself stays as it was.
+            memory = self._connect(":memory:", timeout)
+            self._conn.backup(memory)
+            self._conn.close()
+            self._conn = memory
+            migrate(self._conn, self.path)
+            self._conn.execute("PRAGMA query_only=1")
+
+    def _open_on_read_only_media(self, timeout: float) -> sqlite3.Connection:
+        uri = self.path.resolve().as_uri()
+        conn = self._connect(uri + "?mode=ro", timeout, uri=True)
+        try:
+            conn.execute("PRAGMA user_version").fetchone()  # works when the WAL and its index lie there already
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+        wal = Path(str(self.path) + "-wal")
+        if not wal.is_file() or wal.stat().st_size == 0:
+            # No WAL, or an empty one: the database file holds every row, and nothing can change it here.
+            return self._connect(uri + "?immutable=1", timeout, uri=True)
+        # Rows still in the WAL: SQLite can only replay it where it may write, so read a private copy.
+        self._copy = tempfile.TemporaryDirectory(prefix="agl-store-")
+        copy = Path(self._copy.name) / self.path.name
+        shutil.copyfile(self.path, copy)
+        shutil.copyfile(wal, Path(str(copy) + "-wal"))
+        conn = self._connect(str(copy), timeout)
+        conn.execute("PRAGMA query_only=1")
+        return conn
 
     def _damaged(self, exc: sqlite3.DatabaseError) -> StoreError:
         return StoreError(
@@ -81,23 +146,43 @@ class RunStore:
 
     @property
     def schema_version(self) -> int:
-        return schema_version(self._conn)
+        """The schema version of the file (a read-only handle on an older store reads a migrated copy of it)."""
+        return self._file_version if self._file_version is not None else schema_version(self._conn)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. A write the store refuses (locked past the busy timeout, a full disk, a read-only
+        folder) raises a StoreError saying so; every later write of this handle then fails at once with it, so a
+        run that cannot write stops now instead of waiting out the busy timeout once per rollout."""
         with self._reading() as conn:
-            conn.execute("BEGIN IMMEDIATE")
+            if self._refused is not None:
+                raise type(self._refused)(str(self._refused), hint=self._refused.hint)
             try:
-                yield conn
-            except BaseException:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                # A handle opened read-only that writes is agl's own bug, not the disk's: raised as it is.
+                explained = None if self.read_only else explain(exc, self.path)
+                if explained is None:
+                    raise
+                self._refused = explained
+                raise explained from None
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._copy is not None:
+                self._copy.cleanup()
+                self._copy = None
 
     # -- meta and variants ---------------------------------------------------------------------------------------
 
@@ -174,6 +259,18 @@ class RunStore:
                 ),
             )
             return cur.rowcount
+
+    # -- the content of the tasks a run planned ------------------------------------------------------------------
+
+    def put_task_hashes(self, hashes: Mapping[str, str]) -> None:
+        """Record each task's content hash; a task already recorded keeps its first hash (a resume checks it)."""
+        with self.transaction() as conn:
+            conn.executemany("INSERT OR IGNORE INTO task_hashes (task_id, hash) VALUES (?, ?)", hashes.items())
+
+    def task_hashes(self) -> dict[str, str]:
+        """Task id -> content hash of the tasks this run planned; empty for a run agl recorded none for (older)."""
+        with self._reading() as conn:
+            return {r["task_id"]: r["hash"] for r in conn.execute("SELECT task_id, hash FROM task_hashes")}
 
     # -- agent processes of running rollouts -----------------------------------------------------------------------
 

@@ -14,18 +14,22 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-# Rewards are bounded so that sums, squares and intervals over thousands of them stay finite.
-MAX_ABS_REWARD = 1e6
+# A reward is a score from 0 (wrong) to 1 (right), partial credit between: accuracy is their mean, shown as a
+# percentage with an interval that assumes that range, and a pass is a reward at or above a threshold within it.
+MIN_REWARD, MAX_REWARD = 0.0, 1.0
 
 
 def check_reward(value: object) -> float:
-    """A reward as a float, or ValueError quoting the value: a number, finite, and within +-MAX_ABS_REWARD."""
+    """A reward as a float, or ValueError quoting the value: a finite number from MIN_REWARD to MAX_REWARD."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"the score is {_quote(value)}, not a number")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"the score is {value}, not a finite number")
-    if abs(value) > MAX_ABS_REWARD:  # exact for integers of any size, which float() would overflow on
-        raise ValueError(f"the score is {_quote(value)}, outside the accepted range -{MAX_ABS_REWARD:g} to {MAX_ABS_REWARD:g}")
+    if not MIN_REWARD <= value <= MAX_REWARD:  # exact for integers of any size, which float() would overflow on
+        raise ValueError(
+            f"the score is {_quote(value)}, outside the accepted range {MIN_REWARD:g} to {MAX_REWARD:g} (1 is right, "
+            "0 wrong, partial credit between): scale a score of another range, e.g. points / max_points"
+        )
     return float(value)
 
 

@@ -13,7 +13,14 @@ from pathlib import Path
 
 
 class StoreError(RuntimeError):
-    """A store that cannot be used as it is (damaged, too new, held by another process): the message says which."""
+    """A store that cannot be used as it is (damaged, too new, held by another process): the message says which,
+    `hint` what to do. `exit_code` follows the CLI's contract: 2 for what the user must fix, 1 for a failure."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         owner_pid INTEGER NOT NULL,
         owner_start_ticks INTEGER,
         started_at REAL NOT NULL
+    );
+"""),
+    # The content hash of each task a run planned (agl_cli.tasks.Task.content_hash), so that a resume, a comparison
+    # or a reuse can tell the same task id with other content, and name those tasks.
+    Migration("add_task_hashes", """
+    CREATE TABLE task_hashes (
+        task_id TEXT PRIMARY KEY,
+        hash TEXT NOT NULL
     );
 """),
 )
