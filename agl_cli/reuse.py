@@ -156,7 +156,8 @@ def why_not(*, spec: ExperimentSpec, variant: str, settings: dict[str, Any], key
     if earlier is not None:
         before = AgentVersion.read(earlier.path)
         if before is None or current is None:
-            detail = f"the agent changed since run {earlier.run} (that run kept no list of what its agent was)"
+            detail = (f"run {earlier.run} was made by an earlier agl, whose agent versions do not compare with this "
+                      "one's (the agent may be unchanged; its rollouts run again once)")
         else:
             changes = current.changes_since(before)
             detail = f"the agent changed since run {earlier.run}: " + (
