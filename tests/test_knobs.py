@@ -128,6 +128,21 @@ def test_reflect_needs_a_baseline_prompt_file(tmp_path: Path) -> None:
         load_spec(path)
 
 
+def test_the_best_config_keeps_short_names_and_null(tmp_path: Path) -> None:
+    from agl_cli.optimize.best_config import knob_changes, render_best
+
+    (tmp_path / "terse.md").write_text(TERSE)
+    path = _spec(tmp_path, {"system_prompt": {"files": [None, "terse.md"], "via": "gateway"},
+                            "vote": {"values": {"single": "a", "vote3": "a,b,c"}, "via": "env", "name": "VOTE"}})
+    spec = load_spec(path)
+    winner = parse_variant(spec, "system_prompt=terse,vote=vote3")
+    assert knob_changes(spec, baseline(spec), winner) == {
+        "system_prompt": {"baseline": None, "winner": "terse.md"}, "vote": {"baseline": "a", "winner": "a,b,c"}}
+    best = yaml.safe_load(render_best(path, spec, winner, header="best")[0])["knobs"]
+    assert best["system_prompt"]["files"] == ["terse.md", None]
+    assert list(best["vote"]["values"].items()) == [("vote3", "a,b,c"), ("single", "a")]
+
+
 def test_the_gateway_applies_a_limited_knob_to_matching_models_only() -> None:
     checked = validate_knobs({"reasoning_effort": {"value": "high", "models": ["openai/gpt-5*", "o4-mini"]},
                               "temperature": None, "top_p": 0.5})
