@@ -395,15 +395,6 @@ class ExperimentSpec(_Strict):
         """The file-valued knob the reflect proposals replace: `proposer.knob`, else the spec's only one."""
         file_knobs = [name for name, knob in self.knobs.items() if knob.files is not None]
         named = self.proposer.knob if self.proposer is not None else None
-        chosen = self._proposer_knob(named, file_knobs)
-        if self.knobs[chosen].options[0] is None:
-            raise ValueError(
-                f"the proposals rewrite the baseline's prompt file, but knob {chosen!r} starts with `null` (the "
-                "agent's own prompt, which agl cannot read): put the agent's prompt in a file and list it first"
-            )
-        return chosen
-
-    def _proposer_knob(self, named: str | None, file_knobs: list[str]) -> str:
         if named is not None:
             if named not in file_knobs:
                 raise ValueError(

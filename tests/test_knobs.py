@@ -121,11 +121,13 @@ def test_knob_mistakes_are_refused_with_the_fix(tmp_path: Path, knob: dict[str, 
 
 def test_reflect_needs_a_baseline_prompt_file(tmp_path: Path) -> None:
     (tmp_path / "v2.md").write_text("v2")
+    shutil.copy(FIXTURES / "two_prompts_agent.py", tmp_path / "agent.py")
     path = _spec(tmp_path, {"prompt": {"files": [None, "v2.md"], "via": "file", "path": "{rollout_dir}/p.md"}},
                  upstreams={"p": {"kind": "openai-compatible", "base_url": "http://127.0.0.1:9/v1"}},
                  proposer={"model": "p/big"})
-    with pytest.raises(ConfigError, match="starts with `null`"):
-        load_spec(path)
+    assert baseline(load_spec(path)).settings == {"prompt": None}  # the spec itself is fine: eval runs it
+    result = invoke_agl(["optimize", "agl.yaml", "--strategy", "reflect"], cwd=tmp_path)
+    assert result.returncode == 2 and "starts with `null`" in result.stderr, result.stderr
 
 
 def test_the_best_config_keeps_short_names_and_null(tmp_path: Path) -> None:
