@@ -84,9 +84,7 @@ def _shorten(changes: list[str]) -> str:
 class _Earlier:
     run: str
     path: Path
-    digest: str | None
-    variant_hash: str
-    variant_settings: dict[str, Any] | None
+    variant_settings: dict[str, Any] | None  # the knob settings its variant of that name had
 
 
 class History:
@@ -100,12 +98,9 @@ class History:
         runs = RunsIndex.scan(runs_root).select(with_store=True, exclude=exclude)
         for entry, store in read_stores(runs):
             self.runs += 1
-            digest = entry.manifest.get("agent_version")
             settings = {name: v.get("knobs") for name, v in store.variants().items()}
             for rollout in store.rollouts(latest_only=True):
-                variant_hash = rollout.key.split("/", 1)[0]
-                earlier = _Earlier(entry.run.run_id, entry.run.path, digest if isinstance(digest, str) else None,
-                                   variant_hash, settings.get(rollout.variant))
+                earlier = _Earlier(entry.run.run_id, entry.run.path, settings.get(rollout.variant))
                 self.by_key[rollout.key] = earlier
                 self.by_name[(rollout.variant, rollout.task_id, rollout.seed)] = earlier
 
@@ -138,9 +133,10 @@ def _variant_change(spec: ExperimentSpec, now: dict[str, Any], before: dict[str,
 
 def why_not(*, spec: ExperimentSpec, variant: str, settings: dict[str, Any], key: str, task_id: str, seed: int,
             same_version: tuple[str, Rollout, bool] | None, history: History,
-            current: AgentVersion | None, reuse_failures: bool) -> Miss:
+            current: AgentVersion | None, failure_reusable: bool) -> Miss:
     """The reason one planned rollout was not reused. `same_version`: the earlier rollout of this key with the same
-    agent version, its run, and whether it was scored (the cache would have copied it but for its task)."""
+    agent version, its run, and whether it was scored (the cache would have copied it but for its task);
+    `failure_reusable`: whether --reuse-failures would reuse that earlier failure."""
     if same_version is not None:
         run, rollout, scored = same_version
         if scored:
@@ -149,15 +145,16 @@ def why_not(*, spec: ExperimentSpec, variant: str, settings: dict[str, Any], key
             return Miss(EARLIER_FAILED, f"the earlier rollout in run {run} never finished ({rollout.status.value})",
                         run)
         failure = rollout.failure.value if rollout.failure is not None else rollout.status.value
-        how = "" if reuse_failures else " (--reuse-failures also reuses crashes, timeouts and missing outputs)"
+        how = " (--reuse-failures reuses the agent's own crashes, timeouts and missing outputs)" \
+            if failure_reusable else ""
         return Miss(EARLIER_FAILED, f"the earlier rollout failed ({failure}) in run {run}: failures run again{how}",
                     run)
     earlier = history.by_key.get(key)
     if earlier is not None:
         before = AgentVersion.read(earlier.path)
         if before is None or current is None:
-            detail = (f"run {earlier.run} was made by an earlier agl, whose agent versions do not compare with this "
-                      "one's (the agent may be unchanged; its rollouts run again once)")
+            detail = (f"the agent's version differs from run {earlier.run}'s, and one of the two runs was made by an "
+                      "earlier agl, which kept no list of the agent's files (the agent may be unchanged)")
         else:
             changes = current.changes_since(before)
             detail = f"the agent changed since run {earlier.run}: " + (

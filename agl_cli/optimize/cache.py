@@ -148,7 +148,9 @@ class ResultCache:
                 same = (self.unusable[item.key].run.run_id, self.unusable[item.key].rollout, False)
             miss = why_not(spec=spec, variant=item.variant.name, settings=item.variant.settings, key=item.key,
                            task_id=item.task.id, seed=item.seed, same_version=same, history=self._history,
-                           current=current, reuse_failures=self.reuse_failures)
+                           current=current,
+                           failure_reusable=not self.reuse_failures and same is not None
+                           and reusable(same[1], reuse_failures=True))
             report.misses[item.key] = (item.variant.name, miss)
         return report
 
