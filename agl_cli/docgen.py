@@ -47,10 +47,12 @@ model: triage/small-1
 prices:                                 # USD per 1M tokens
   triage/small-1: {input: 0.10, cached_input: 0.05, output: 0.40}
   triage/large-1: {input: 2.00, cached_input: 1.00, output: 8.00}
-knobs:
+knobs:                                  # the first option of each is the baseline; null: left alone
   model: {values: [triage/small-1, triage/large-1], via: gateway}
+  reasoning_effort: {values: [null, low, high], via: gateway, models: [triage/large-1]}
   temperature: {values: [0.0, 0.7], via: gateway}
   max_turns: {values: [4, 8], via: env, name: AGENT_MAX_TURNS}
+  vote: {values: {single: "a", vote3: "a,b,c"}, via: env, name: AGENT_PROMPTS}   # short names
   prompt_file: {files: [prompts/a.md, prompts/b.md], via: file, path: "{rollout_dir}/prompt.md"}
 seeds: 1
 pass_threshold: 0.5                     # a reward of at least this passes
@@ -220,9 +222,21 @@ def _gateway_knobs() -> list[str]:
     from rl_backend.gateway.knobs import KNOBS
     from rl_backend.store.records import Api
 
-    out = ["## Gateway knobs", "",
+    out = ["## Knob options", "",
+           "Each knob's first option is the baseline. An option `null` leaves the setting alone: a gateway knob does "
+           "not touch the request (the agent's own value, or none, is sent), an env knob sets no variable, a file "
+           "knob writes no file; put it first and the baseline is the agent as it runs, and adding the knob keeps "
+           "the baseline's cached rollouts. `--variant knob=option` names an option by its label: its short name "
+           "when `values:` or `files:` is a mapping (`{vote3: \"a,b,c\"}`), else a file's stem or a value as "
+           "written (commas allowed), `unset` for `null`; labels name the variants in every table. "
+           "`agl eval --no-knobs` measures the agent with every knob left alone.", "",
+           "A variant's cache key is what it changes: each applied option (a file by its content), not the whole "
+           "knob table.", "",
+           "## Gateway knobs", "",
            "A knob `via: gateway` is written by the gateway into every request of the rollout, whatever the agent "
-           "sent. Where an API has no place for a knob (—), it is left out of that call's record of applied knobs.", "",
+           "sent. Where an API has no place for a knob (—), it is left out of that call's record of applied knobs. "
+           "`models:` limits a knob to the calls served by those models (`upstream/model`, or a model name; `*` "
+           "matches anything), for a parameter some models refuse; the others keep what the agent sent.", "",
            "| knob | takes | " + " | ".join(f"`{api.value}`" for api in Api) + " |",
            "| --- | --- | " + " | ".join("---" for _ in Api) + " |"]
     for knob in KNOBS.values():

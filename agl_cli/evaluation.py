@@ -28,6 +28,7 @@ from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant
+from rl_backend.gateway.knobs import scoped
 from rl_backend.rollout import procs
 from rl_backend.rollout.base import ProcessResult, RolloutController, RolloutJob
 from rl_backend.store.db import RunStore, StoreError
@@ -52,9 +53,11 @@ class PlannedRollout:
         return f"{self.variant.hash}/{self.task.id}/{self.seed}"
 
 
-def rollout_id(key: str, attempt: int) -> str:
-    # URL-safe and short: it appears in every gateway path the agent calls.
-    return "r" + hashlib.sha1(key.encode()).hexdigest()[:12] + f"-{attempt}"
+def rollout_id(run_id: str, key: str, attempt: int) -> str:
+    """URL-safe and short (it appears in every gateway path the agent calls), and unique to its run: the same
+    variant, task and seed in two runs are two rollouts, and a rollout id alone names one transcript. Ids of stores
+    written before (the key alone was hashed) stay as they are: nothing derives an existing rollout's id again."""
+    return "r" + hashlib.sha1(f"{run_id}/{key}".encode()).hexdigest()[:12] + f"-{attempt}"
 
 
 def make_plan(variants: list[Variant], tasks: list[Task], seeds: int) -> list[PlannedRollout]:
@@ -189,11 +192,14 @@ class EvalRunner:
         )
 
     def _knob_settings(self, variant: Variant, folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
-        """Apply a variant: env knobs become variables, file knobs are rendered, gateway knobs go to the gateway."""
+        """Apply a variant: env knobs become variables, file knobs are rendered, gateway knobs go to the gateway
+        (limited to their `models` when they have some). A knob set to None is left alone."""
         env: dict[str, str] = {}
         gateway: dict[str, Any] = {}
         for name, option in variant.settings.items():
             knob = self.spec.knobs[name]
+            if option is None:
+                continue
             if knob.via == "env":
                 assert knob.name is not None
                 value = str(self.spec.resolve(str(option))) if knob.files is not None else option
@@ -208,14 +214,14 @@ class EvalRunner:
                     target.write_bytes(self.spec.resolve(str(option)).read_bytes())
                 else:
                     target.write_text(option if isinstance(option, str) else json.dumps(option))
-            elif name == "system_prompt":
-                gateway[name] = {"text": self.spec.resolve(str(option)).read_text(), "mode": knob.mode}
             else:
-                gateway[name] = option
+                value = {"text": self.spec.resolve(str(option)).read_text(), "mode": knob.mode} \
+                    if name == "system_prompt" else option
+                gateway[name] = value if knob.models is None else scoped(value, knob.models)
         return env, gateway
 
     async def run_one(self, item: PlannedRollout, attempt: int) -> Rollout:
-        rid = rollout_id(item.key, attempt)
+        rid = rollout_id(self.run_dir.run_id, item.key, attempt)
         folder = self.run_dir.rollout_dir(rid)
         task_file = folder / "task.json"
         task_file.write_text(json.dumps(item.task.data))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ from agl_cli.volume import FORMS as VOLUME_FORMS
 from agl_cli.volume import Volume, volume_input
 from agl_cli.yaml_source import YamlDocument
 from rl_backend.gateway.config import PriceSpec, UpstreamSpec
-from rl_backend.gateway.knobs import KNOBS
+from rl_backend.gateway.knobs import KNOBS, check_models
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 
@@ -141,11 +142,29 @@ class GraderSpec(_Strict):
         return self
 
 
-class KnobSpec(_Strict):
-    """One entry of `knobs:`: a setting to compare. Its first option is the baseline."""
+UNSET = "unset"  # how an option `null` (the knob not applied) is named in variant names and tables
+_SHORT_NAME = re.compile(r"^[^\s,=]+$")
 
-    values: list[Any] | None = Field(default=None, description="the options, as values")
-    files: list[str] | None = Field(default=None, description="the options, as files (relative to agl.yaml)")
+
+def option_text(value: Any) -> str:
+    """A value option as written in a variant name: a string as is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+class KnobSpec(_Strict):
+    """One entry of `knobs:`: a setting to compare. Its first option is the baseline; an option `null` leaves the
+    setting alone (not sent, not set, not written), so the agent keeps its own."""
+
+    values: list[Any] | dict[str, Any] | None = Field(
+        default=None,
+        description="the options, as values; or a mapping of short name to value (`{vote3: \"a,b,c\"}`), the "
+        "names naming the variants",
+    )
+    files: list[str | None] | dict[str, str | None] | None = Field(
+        default=None,
+        description="the options, as files (relative to agl.yaml), each named by its file's stem; or a mapping of "
+        "short name to file",
+    )
     via: Literal["gateway", "env", "file"] = Field(
         description=f"gateway: the gateway rewrites each request ({', '.join(KNOBS)}); env: an environment "
         "variable; file: a file the agent reads"
@@ -155,27 +174,89 @@ class KnobSpec(_Strict):
         default=None, description="via file: where to write it, e.g. '{rollout_dir}/prompt.md'"
     )
     mode: Literal["replace", "prepend"] = Field(
-        default="replace", description="system_prompt: replace the agent's system prompt, or prepend to it"
+        default="replace", description="system_prompt: replace every system and developer message of every call "
+        "with the file's text, or prepend it to the first one"
+    )
+    models: list[str] | None = Field(
+        default=None,
+        description="via gateway: apply the knob only to the calls served by these models (`upstream/model`, or a "
+        "model name on any upstream; `*` matches anything); the other calls keep what the agent sent",
     )
 
     @model_validator(mode="after")
     def _check(self) -> KnobSpec:
         if (self.values is None) == (self.files is None):
             raise ValueError("give exactly one of `values` (a list of settings) or `files` (a list of paths)")
-        options = self.values if self.values is not None else self.files
-        if not options:
+        if not self.options:
             raise ValueError("a knob needs at least one value; its first is the baseline")
+        if all(option is None for option in self.options) and len(self.options) > 1:
+            raise ValueError("`null` can be one option (the setting left alone), not every one")
         if self.via == "env" and (not self.name or not _ENV_NAME.match(self.name)):
             raise ValueError("a knob `via: env` needs `name`, the environment variable, e.g. AGENT_MAX_TURNS")
         if self.via == "file":
             if not self.path:
                 raise ValueError("a knob `via: file` needs `path`, where to write it, e.g. '{rollout_dir}/prompt.md'")
             _check_placeholders(self.path, {"rollout_dir"})
+        if self.models is not None and self.via != "gateway":
+            raise ValueError("`models` limits a `via: gateway` knob to some models; an env or file knob reaches the "
+                             "agent whatever model it calls")
+        self._check_labels()
         return self
+
+    def _check_labels(self) -> None:
+        mapping = self.values if isinstance(self.values, dict) else self.files if isinstance(self.files, dict) else None
+        for short in mapping or {}:
+            if not _SHORT_NAME.match(short):
+                raise ValueError(f"short name {short!r}: use no spaces, commas or `=` (it is typed in "
+                                 "`--variant knob=NAME`)")
+        labels = self.labels()
+        for label in labels:
+            if labels.count(label) > 1:
+                which = "values" if self.values is not None else "files"
+                raise ValueError(f"two options are both named {label!r}; give them short names, e.g. "
+                                 f"{which}: {{a: ..., b: ...}}")
 
     @property
     def options(self) -> list[Any]:
-        return list(self.values if self.values is not None else self.files or [])
+        """The options in order, as the variants hold them: values, file paths, or None for `null`."""
+        chosen = self.values if self.values is not None else self.files
+        return list(chosen.values() if isinstance(chosen, dict) else chosen or [])
+
+    def labels(self) -> list[str]:
+        """What names each option in variant names, tables and `--variant`: its short name when the options are a
+        mapping; else `unset` for `null`, a file's stem (its path when two stems are alike), a value as written."""
+        chosen = self.values if self.values is not None else self.files
+        if isinstance(chosen, dict):
+            return list(chosen)
+        if self.files is None:
+            return [UNSET if o is None else option_text(o) for o in self.options]
+        stems = [Path(f).stem for f in self.files if f is not None]
+        return [UNSET if f is None else Path(f).stem if stems.count(Path(f).stem) == 1 else f for f in self.files]
+
+    def label(self, option: Any) -> str:
+        """The label of one option; an option the knob does not list (a `--candidate` file, `no-knobs`' unset) is
+        named the same way."""
+        for known, label in zip(self.options, self.labels(), strict=True):
+            if known == option:
+                return label
+        if option is None:
+            return UNSET
+        return Path(str(option)).stem if self.files is not None else option_text(option)
+
+    def option_files(self) -> list[str]:
+        """The files among the options (not `null`)."""
+        return [o for o in self.options if o is not None] if self.files is not None else []
+
+    def add_file(self, path: str) -> None:
+        """Offer one more file as an option (a `--candidate`, a reflect proposal), after the knob's own."""
+        assert self.files is not None
+        if isinstance(self.files, dict):
+            name, n = Path(path).stem, 2
+            while name in self.files:
+                name, n = f"{Path(path).stem}-{n}", n + 1
+            self.files[name] = path
+        else:
+            self.files.append(path)
 
 
 def _check_gateway_knob(name: str, knob: KnobSpec) -> None:
@@ -191,11 +272,21 @@ def _check_gateway_knob(name: str, knob: KnobSpec) -> None:
         raise _FieldError(f"knob {name!r} takes `files:` (one prompt file per option)", ("knobs", name))
     if not gateway_knob.from_files and knob.values is None:
         raise _FieldError(f"knob {name!r} takes `values:` ({gateway_knob.takes})", ("knobs", name))
-    for index, value in enumerate(knob.values or []):
+    if knob.models is not None:
+        try:
+            check_models(name, knob.models)
+        except ValueError as exc:
+            raise _FieldError(str(exc), ("knobs", name, "models")) from None
+    if knob.values is None:
+        return
+    keys: list[str | int] = list(knob.values) if isinstance(knob.values, dict) else list(range(len(knob.values)))
+    for key, value in zip(keys, knob.options, strict=True):
+        if value is None:
+            continue  # not sent: the request keeps what the agent wrote
         try:
             gateway_knob.check(value)
         except ValueError as exc:
-            raise _FieldError(str(exc), ("knobs", name, "values", index)) from None
+            raise _FieldError(str(exc), ("knobs", name, "values", key)) from None
 
 
 class ProposerSpec(_Strict):
@@ -404,8 +495,9 @@ def load_spec(path: Path | str) -> ExperimentSpec:
     if spec.proposer is not None:
         _check_proposer(doc, spec)
     for knob_name, knob in spec.knobs.items():
-        for index, file_name in enumerate(knob.files or []):
-            if not spec.resolve(file_name).is_file():
+        files = knob.files.items() if isinstance(knob.files, dict) else enumerate(knob.files or [])
+        for index, file_name in files:
+            if file_name is not None and not spec.resolve(file_name).is_file():
                 line = doc.line_of(("knobs", knob_name, "files", index))
                 raise ConfigError(f"{spec_path}:{line}: `knobs.{knob_name}.files`: {spec.resolve(file_name)} does not exist")
     return spec

@@ -132,7 +132,8 @@ def test_failed_rollouts_run_again_and_scored_ones_are_reused(tmp_path: Path) ->
     markers, flag = _crashing_eval(tmp_path)
     flag.unlink()  # the upstream is back
     fixed, result = _eval(tmp_path, "--no-report")
-    assert "reused" not in result.stderr
+    assert "reused 3" not in result.stderr and fixed["reuse"]["reused"] == 0
+    assert [r["reason"] for r in fixed["reuse"]["not_reused"]] == ["earlier_failed"]  # and says so
     assert len(list(markers.iterdir())) == 6  # every failure ran again
     assert fixed["variants"][0]["n"] == 3 and fixed["variants"][0]["accuracy"]["mean"] == 1.0
     again, result = _eval(tmp_path, "--no-report")

@@ -175,15 +175,15 @@ def test_cache_reuses_only_same_agent_and_same_task_content(tmp_path: Path) -> N
     variant = Variant("p=0.6", {"p": 0.6}, "h")
     target = RunStore(tmp_path / "target.sqlite")
     edited = Task("v000", {"id": "v000", "split": "val", "edited": True}, "val", 1)
-    assert ResultCache(root, version).import_into(target, [PlannedRollout(variant, edited, 0)]) == 0
-    assert ResultCache(root, "another-agent").import_into(target, [PlannedRollout(variant, edited, 0)]) == 0
+    assert ResultCache(root, version).import_into(target, [PlannedRollout(variant, edited, 0)], run_id="target") == 0
+    assert ResultCache(root, "another-agent").import_into(target, [PlannedRollout(variant, edited, 0)], run_id="target") == 0
     same = Task("v000", {"id": "v000", "split": "val"}, "val", 1)
-    assert ResultCache(root, version).import_into(target, [PlannedRollout(variant, same, 0)]) == 1
+    assert ResultCache(root, version).import_into(target, [PlannedRollout(variant, same, 0)], run_id="target") == 1
     (copied,) = target.rollouts()
     assert copied.variant == "p=0.6" and copied.reward == 1.0 and copied.key == "h/v000/0"
     assert [c.cost_usd for c in target.calls(copied.id)] == [0.5]
     assert Ledger(target, max_rollouts=1, max_usd=0.1).launched == 0  # a copy is not a launch
-    assert ResultCache(root, version).import_into(target, [PlannedRollout(variant, same, 0)]) == 0  # once only
+    assert ResultCache(root, version).import_into(target, [PlannedRollout(variant, same, 0)], run_id="target") == 0  # once only
 
 
 # -- the command, end to end -------------------------------------------------------------------------------------

@@ -23,15 +23,16 @@ def _prepare_new(
     config: Path, variant_names: list[str], limit: int | None, seeds: int | None, split: str | None,
     runs_dir: Path | None, volume: Volume | None = None,
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
+    from agl_cli.agent_version import describe_agent
+    from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
-    from agl_cli.optimize.cache import agent_version
     from agl_cli.preflight import check_commands
     from agl_cli.prices import check_budget_prices
     from agl_cli.rundir import RunDir, git_sha, runs_root
     from agl_cli.spec import load_spec
     from agl_cli.tasks import load_tasks, select_tasks, task_set_hash
-    from agl_cli.variants import baseline, parse_variant
+    from agl_cli.variants import baseline, distinct, parse_variant
 
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
@@ -41,14 +42,16 @@ def _prepare_new(
     check_budget_prices(spec, spec.budget.usd)  # before the run exists: nothing to clean up
     check_commands(spec, spec_path=config / "agl.yaml" if config.is_dir() else config)
     tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
-    variants = [parse_variant(spec, name) for name in variant_names] or [baseline(spec)]
-    unique = {v.name: v for v in variants}
-    variants = list(unique.values())
+    variants, same = distinct([parse_variant(spec, name) for name in variant_names] or [baseline(spec)])
+    for dropped, kept in same:
+        stderr_console().print(f"variant {dropped.name} does what {kept.name} does (a knob left alone, or limited to "
+                               f"models it never calls): measured once, as {kept.name}", markup=False)
     seed_count = seeds if seeds is not None else spec.seeds
     if seed_count < 1:
         raise UsageError(f"--seeds must be at least 1, got {seed_count}")
     plan = make_plan(variants, tasks, seed_count)
     spec_path = config / "agl.yaml" if config.is_dir() else config
+    version = describe_agent(spec, spec_path.resolve())
     run = RunDir.create(
         runs_root(runs_dir),
         spec_data=spec.model_dump(mode="json", exclude_none=True),
@@ -64,10 +67,11 @@ def _prepare_new(
             "task_ids": [t.id for t in tasks],
             "tasks_hash": task_set_hash(tasks),
             "agl_version": installed_version(),
-            "agent_version": agent_version(spec),
+            "agent_version": version.digest,
             "status": "running",
         },
     )
+    version.write(run.path)
     return spec, run, variants, plan
 
 
@@ -158,6 +162,7 @@ def _run_plan(
     from agl_cli.metrics.cost import cost_fields
     from agl_cli.metrics.run import measure_run
     from agl_cli.progress import RolloutProgress
+    from agl_cli.reuse import ReuseReport
     from agl_cli.run_spend import own_usd, reused_among, run_spend
     from agl_cli.services import running_services
     from agl_cli.task_content import check_and_record
@@ -171,16 +176,21 @@ def _run_plan(
     for variant in variants:
         store.upsert_variant(variant.name, variant.hash, variant.settings)
     store.set_meta("plan_size", len(plan))
+    reuse = ReuseReport(enabled=False)
     if use_cache and manifest.get("agent_version"):
+        from agl_cli.agent_version import AgentVersion
         from agl_cli.optimize.cache import ResultCache
 
-        reused = ResultCache(run.path.parent, manifest["agent_version"], exclude=run.path,
-                             reuse_failures=reuse_failures).import_into(store, plan)
+        cache = ResultCache(run.path.parent, manifest["agent_version"], exclude=run.path, reuse_failures=reuse_failures)
+        reused = cache.import_into(store, plan, run_id=run.run_id)
+        reuse = cache.explain(spec, store, plan, current=AgentVersion.read(run.path))
         if reused:
             console.print(
                 f"reused {reused} finished rollouts of earlier runs with the same agent, variant, task and seed "
                 "(--no-cache runs them again)"
             )
+        for line in reuse.lines():
+            console.print(line, markup=False)
     console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
     interrupted = False
     spend_limit = None
@@ -210,6 +220,7 @@ def _run_plan(
         planned_keys[item.variant.name].append(item.key)
     summaries = measure_run(store, planned_keys, k=int(manifest.get("seeds") or 1), pass_threshold=spec.pass_threshold)
     reused_by_variant = Counter(r.variant for r, _ in reused_among(store, [item.key for item in plan]))
+    not_reused = reuse.by_variant()
     spend = run_spend(store)
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
@@ -228,8 +239,9 @@ def _run_plan(
         "run_dir": str(run.path),
         "status": status,
         "volume": spec.volume.as_dict() if spec.volume is not None else None,
-        "variants": [{**s.summary_json(), **cost_fields(s, spec.volume), "reused": reused_by_variant.get(s.name, 0)}
-                     for s in summaries],
+        "variants": [{**s.summary_json(), **cost_fields(s, spec.volume), "reused": reused_by_variant.get(s.name, 0),
+                      "not_reused": not_reused.get(s.name, {})} for s in summaries],
+        "reuse": reuse.as_json(),
         "spend": spend.as_json(),
         "_summaries": summaries,
         "_spend": spend,
@@ -280,6 +292,9 @@ def eval_command(
     volume: Annotated[str | None, typer.Option(
         help="Tasks the agent handles in production, e.g. 40000/month (default: the spec's `volume:`): adds the "
         "cost per month.")] = None,
+    no_knobs: Annotated[bool, typer.Option(
+        "--no-knobs", help="Also measure the agent with every knob left alone (variant `no-knobs`), the spec's "
+        "baseline or not; alone, it is the only variant.")] = False,
 ) -> None:
     """Evaluate the agent over the tasks and print accuracy, errors, latency, tokens and cost per variant."""
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
@@ -292,14 +307,18 @@ def eval_command(
     volume_given = parse_volume(volume) if volume is not None else None
     if resume is not None:
         if (config is not None or variant or limit is not None or seeds is not None or split is not None
-                or volume is not None):
-            raise UsageError("--resume RUN takes no spec, --variant, --limit, --seeds, --split or --volume: the run "
+                or volume is not None or no_knobs):
+            raise UsageError("--resume RUN takes no spec, --variant, --no-knobs, --limit, --seeds, --split or --volume: "
+                             "the run "
                              "has them")
         spec, run, variants, plan = _prepare_resume(resume, runs_dir)
     else:
         if config is None:
             raise UsageError("give the experiment spec: agl eval path/to/agl.yaml (or --resume RUN)")
-        spec, run, variants, plan = _prepare_new(config, variant or [], limit, seeds, split, runs_dir, volume_given)
+        from agl_cli.variants import NO_KNOBS
+
+        names = [*(variant or []), *([NO_KNOBS] if no_knobs else [])]
+        spec, run, variants, plan = _prepare_new(config, names, limit, seeds, split, runs_dir, volume_given)
     if fail_on_regression and baseline is None:
         raise UsageError("--fail-on-regression needs --baseline RUN, the run to compare against")
     baseline_run = None

@@ -29,7 +29,8 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
         spec_data=spec.model_dump(mode="json", exclude_none=True),
         manifest={
             "kind": "train", "spec_path": str(spec_path.resolve()), "spec_name": spec.name,
-            "git_sha": git_sha(spec.base_dir), "agent_version": agent_version(spec), "options": options.as_dict(),
+            "git_sha": git_sha(spec.base_dir), "agent_version": agent_version(spec, spec_path.resolve()),
+            "options": options.as_dict(),
             "split": options.heldout_split, "status": "running",
         },
     )

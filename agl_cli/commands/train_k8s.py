@@ -48,7 +48,7 @@ def target_from_spec(spec: ExperimentSpec, config: Path | None = None) -> TrainT
     from rl_backend.provision.bundle import Program
     from rl_backend.provision.target import TrainTarget
 
-    files = [spec.tasks.path] + [f for knob in spec.knobs.values() for f in knob.files or []]
+    files = [spec.tasks.path] + [f for knob in spec.knobs.values() for f in knob.option_files()]
     path = config if config is not None else spec.base_dir / "agl.yaml"
     if path.is_dir():
         path = path / "agl.yaml"

@@ -19,7 +19,7 @@ BEST_FILES = "agl.best"  # the winner's files that came from a study's folder, c
 
 
 def _as_written(spec: ExperimentSpec, option: Any, is_file: bool) -> Any:
-    if not is_file:
+    if not is_file or option is None:
         return option
     path = spec.resolve(str(option)).resolve()
     try:
@@ -29,6 +29,8 @@ def _as_written(spec: ExperimentSpec, option: Any, is_file: bool) -> Any:
 
 
 def _same(spec: ExperimentSpec, a: Any, b: Any, is_file: bool) -> bool:
+    if a is None or b is None:
+        return a is b  # `null`, the knob left alone, is the same only as itself
     if is_file:
         return spec.resolve(str(a)).resolve() == spec.resolve(str(b)).resolve()
     return bool(a == b)
@@ -57,7 +59,7 @@ def _option_spans(text: str, names: list[str]) -> dict[str, tuple[int, int, int 
         if key.value not in names or not isinstance(knob, yaml.MappingNode):
             continue
         for field, options in knob.value:
-            if field.value in ("files", "values") and isinstance(options, yaml.SequenceNode):
+            if field.value in ("files", "values") and isinstance(options, yaml.SequenceNode | yaml.MappingNode):
                 start, end = options.start_mark.index, options.end_mark.index
                 # A block list's end mark can run into the next key's indentation: keep that whitespace.
                 column = None if options.flow_style else options.start_mark.column
@@ -65,27 +67,38 @@ def _option_spans(text: str, names: list[str]) -> dict[str, tuple[int, int, int 
     return spans
 
 
-def _reordered(spec: ExperimentSpec, raw: dict[str, Any], winner: Variant) -> dict[str, list[Any]]:
-    """knob -> its options with the winner's first, as the spec writes them."""
-    lists = {}
+def _reordered(spec: ExperimentSpec, raw: dict[str, Any], winner: Variant) -> dict[str, list[Any] | dict[str, Any]]:
+    """knob -> its options with the winner's first, as the spec writes them (a mapping of short names stays one)."""
+    lists: dict[str, list[Any] | dict[str, Any]] = {}
     for name, option in winner.settings.items():
         knob = raw["knobs"][name]
         is_file = "files" in knob
-        options = list(knob.get("files" if is_file else "values") or [])
-        rest = [o for o in options if not _same(spec, o, option, is_file)]
+        written = knob.get("files" if is_file else "values") or []
+        if isinstance(written, dict):
+            first = {k: v for k, v in written.items() if _same(spec, v, option, is_file)}
+            if not first:  # a candidate file the spec did not list: named by its stem
+                first = {Path(str(option)).stem: _as_written(spec, option, is_file)}
+            lists[name] = {**first, **{k: v for k, v in written.items() if k not in first}}
+            continue
+        rest = [o for o in written if not _same(spec, o, option, is_file)]
         lists[name] = [_as_written(spec, option, is_file), *rest]
     return lists
 
 
-def _render_list(options: list[Any], column: int | None) -> str:
-    """The list in the style it was written in: `[a, b]`, or block items `- a` at the original column."""
+def _render_list(options: list[Any] | dict[str, Any], column: int | None) -> str:
+    """The list (or mapping) in the style it was written in: `[a, b]`, or block items `- a` at the original
+    column."""
+    def dump(data: Any, flow: bool) -> str:
+        return yaml.safe_dump(data, default_flow_style=flow, allow_unicode=True, width=10**6, sort_keys=False).strip()
+
     if column is None:
-        return yaml.safe_dump(options, default_flow_style=True, allow_unicode=True, width=10**6).strip()
-    items = [yaml.safe_dump([o], default_flow_style=False, allow_unicode=True, width=10**6).strip() for o in options]
+        return dump(options, True)
+    pieces = [{k: v} for k, v in options.items()] if isinstance(options, dict) else [[o] for o in options]
+    items = [dump(piece, False) for piece in pieces]
     return ("\n" + " " * column).join(items)
 
 
-def _with_lists(raw: dict[str, Any], lists: dict[str, list[Any]]) -> dict[str, Any]:
+def _with_lists(raw: dict[str, Any], lists: dict[str, list[Any] | dict[str, Any]]) -> dict[str, Any]:
     for name, options in lists.items():
         raw["knobs"][name]["files" if "files" in raw["knobs"][name] else "values"] = options
     return raw
@@ -125,7 +138,7 @@ def _keep_files(spec_path: Path, spec: ExperimentSpec, winner: Variant, inside: 
     proposals) copied next to the config, so agl.best.yaml outlives the study's folder."""
     settings = dict(winner.settings)
     for name, option in winner.settings.items():
-        if spec.knobs[name].files is None:
+        if spec.knobs[name].files is None or option is None:
             continue
         source = spec.resolve(str(option)).resolve()
         if not source.is_relative_to(inside.resolve()):

@@ -1,28 +1,26 @@
 """The result cache: a finished rollout is reused whenever (variant, task, seed, agent version) is the same.
 
-The variant is its hash (file-valued options hash by content); the task must have the same content, checked
-against the `task.json` the earlier rollout ran on; the agent version is:
-
-    sha256 of the spec's `agent`, `grader`, `model` and `upstreams` sections, plus the state of the spec's folder:
-    in git, the tree hash of that folder at HEAD, and when the folder has uncommitted changes also a hash of
-    `git diff HEAD` and of the untracked files' contents (`.agl/` and `agl.best.yaml` excluded: agl writes them).
-    Outside git only the spec sections count, so an edit to the agent's code is not seen: use --no-cache then.
+The variant is its hash (what it changes: agl_cli/variants.py); the task must have the same content, checked against
+the `task.json` the earlier rollout ran on; the agent version is the spec's agent, grader, model and upstreams plus
+the files of the spec's folder (agl_cli/agent_version.py).
 
 Every run directory whose manifest records the same `agent_version` is a source. Only scored rollouts are reused:
 a failure may have had a cause outside the agent (an upstream that was down, a full disk) and run differently
 now. With `reuse_failures`, failures that are the variant's own doing are reused too (timed out, agent crashed, no
-output); grader failures, infrastructure failures and interrupted attempts never are.
+output); grader failures, infrastructure failures and interrupted attempts never are. A planned rollout that is not
+reused gets its reason (`explain`, agl_cli/reuse.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agl_cli.agent_version import AgentVersion, describe_agent
 from agl_cli.evaluation import PlannedRollout, rollout_id
+from agl_cli.reuse import History, ReuseReport, why_not
 from agl_cli.run_spend import IMPORTED_META, imported_ids
 from agl_cli.rundir import RunDir, RunsIndex, read_stores
 from agl_cli.spec import ExperimentSpec
@@ -31,50 +29,11 @@ from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, Rollout
 
 REUSABLE_FAILURES = {FailureKind.agent_crashed, FailureKind.agent_timeout, FailureKind.no_output}
-_EXCLUDE = (":(exclude).agl", ":(exclude)**/.agl/**", ":(exclude)agl.best.yaml")
 
 
-def _git(folder: Path, *args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.decode("utf-8", errors="replace") if out.returncode == 0 else None
-
-
-def source_state(folder: Path) -> str:
-    """`git:<tree>` for a clean folder, `git:<tree>+dirty:<hash>` with local changes, `nogit` outside git."""
-    top = _git(folder, "rev-parse", "--show-toplevel")
-    if top is None:
-        return "nogit"
-    relative = folder.resolve().relative_to(Path(top.strip()).resolve()).as_posix()
-    tree = _git(folder, "rev-parse", f"HEAD:{relative}" if relative != "." else "HEAD^{tree}")
-    if tree is None:
-        tree = "uncommitted"
-    state = f"git:{tree.strip()}"
-    status = _git(folder, "status", "--porcelain", "--untracked-files=all", "--", ".", *_EXCLUDE)
-    if not status or not status.strip():
-        return state
-    digest = hashlib.sha256()
-    digest.update((_git(folder, "diff", "HEAD", "--", ".", *_EXCLUDE) or "").encode())
-    untracked = _git(folder, "ls-files", "--others", "--exclude-standard", "--", ".", *_EXCLUDE) or ""
-    for name in sorted(untracked.splitlines()):
-        path = folder / name
-        digest.update(name.encode())
-        if path.is_file():
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return f"{state}+dirty:{digest.hexdigest()[:16]}"
-
-
-def agent_version(spec: ExperimentSpec) -> str:
-    material = {
-        "agent": spec.agent.model_dump(mode="json"),
-        "grader": spec.grader.model_dump(mode="json"),
-        "model": spec.model,
-        "upstreams": {name: u.model_dump(mode="json") for name, u in sorted(spec.upstreams.items())},
-        "source": source_state(spec.base_dir),
-    }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+def agent_version(spec: ExperimentSpec, spec_file: Path | None = None) -> str:
+    """The agent version's digest (see agl_cli.agent_version)."""
+    return describe_agent(spec, spec_file).digest
 
 
 def task_hash(data: object) -> str:
@@ -102,13 +61,18 @@ class ResultCache:
     def __init__(self, runs_root: Path, version: str, *, exclude: Path | None = None,
                  reuse_failures: bool = False) -> None:
         self.version = version
+        self.runs_root, self.exclude, self.reuse_failures = runs_root, exclude, reuse_failures
         self.entries: dict[str, _Source] = {}
+        self.unusable: dict[str, _Source] = {}  # same agent, but failed or never finished: the newest of each key
+        self._history: History | None = None
         runs = RunsIndex.scan(runs_root).select(agent_version=version, with_store=True, exclude=exclude)
         # A damaged run is no source; the run that uses the cache must not fail for it.
         for entry, store in read_stores(runs):
             for rollout in store.rollouts(latest_only=True):
                 if reusable(rollout, reuse_failures=reuse_failures):
                     self.entries.setdefault(rollout.key, _Source(entry.run, rollout))
+                else:
+                    self.unusable[rollout.key] = _Source(entry.run, rollout)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -120,21 +84,22 @@ class ResultCache:
         except (OSError, json.JSONDecodeError):
             return False
 
-    def import_into(self, store: RunStore, plan: list[PlannedRollout]) -> int:
-        """Copy the cached results of planned keys this store has not finished; returns how many were copied."""
+    def import_into(self, store: RunStore, plan: list[PlannedRollout], *, run_id: str) -> int:
+        """Copy the cached results of planned keys this store (of run `run_id`) has not finished; returns how many
+        were copied."""
         if not self.entries:
             return 0
         latest = {r.key: r for r in store.rollouts(latest_only=True)}
         imported: dict[str, str] = store.get_meta(IMPORTED_META, {})
         sources: dict[Path, RunStore] = {}
         try:
-            return self._import(store, plan, latest, imported, sources)
+            return self._import(store, plan, latest, imported, sources, run_id)
         finally:
             for opened in sources.values():
                 opened.close()
 
     def _import(self, store: RunStore, plan: list[PlannedRollout], latest: dict[str, Rollout],
-                imported: dict[str, str], sources: dict[Path, RunStore]) -> int:
+                imported: dict[str, str], sources: dict[Path, RunStore], run_id: str) -> int:
         count = 0
         for item in plan:
             source = self.entries.get(item.key)
@@ -145,7 +110,7 @@ class ResultCache:
                 continue
             attempt = previous.attempt + 1 if previous is not None else 1
             copy = source.rollout.model_copy(update={
-                "id": rollout_id(item.key, attempt), "attempt": attempt, "variant": item.variant.name,
+                "id": rollout_id(run_id, item.key, attempt), "attempt": attempt, "variant": item.variant.name,
                 "split": item.task.split,
             })
             if source.run.path not in sources:
@@ -161,6 +126,35 @@ class ResultCache:
             count += 1
         return count
 
+    def explain(self, spec: ExperimentSpec, store: RunStore, plan: list[PlannedRollout], *,
+                current: AgentVersion | None) -> ReuseReport:
+        """After `import_into`: how many planned rollouts were copied from earlier runs, and why each one this
+        store still has to run was not."""
+        latest = {r.key: r for r in store.rollouts(latest_only=True)}
+        sources = store.get_meta(IMPORTED_META, {})
+        report = ReuseReport(enabled=True)
+        report.reused = sum(1 for item in plan if (r := latest.get(item.key)) is not None and r.id in sources)
+        pending = [item for item in plan if not ((r := latest.get(item.key)) is not None and r.status.terminal)]
+        if not pending:
+            return report
+        if self._history is None:
+            self._history = History(self.runs_root, exclude=self.exclude)
+        report.earlier_runs = self._history.runs
+        for item in pending:
+            same: tuple[str, Rollout, bool] | None = None
+            if item.key in self.entries:
+                same = (self.entries[item.key].run.run_id, self.entries[item.key].rollout, True)
+            elif item.key in self.unusable:
+                same = (self.unusable[item.key].run.run_id, self.unusable[item.key].rollout, False)
+            miss = why_not(spec=spec, variant=item.variant.name, settings=item.variant.settings, key=item.key,
+                           task_id=item.task.id, seed=item.seed, same_version=same, history=self._history,
+                           current=current,
+                           failure_reusable=not self.reuse_failures and same is not None
+                           and reusable(same[1], reuse_failures=True))
+            report.misses[item.key] = (item.variant.name, miss)
+        return report
 
-__all__ = ["IMPORTED_META", "ResultCache", "agent_version", "imported_ids", "source_state", "task_hash"]
+
+__all__ = ["IMPORTED_META", "AgentVersion", "ResultCache", "agent_version", "describe_agent", "imported_ids",
+           "task_hash"]
 

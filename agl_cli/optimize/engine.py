@@ -282,7 +282,8 @@ def execute_study(study: Study, *, quiet: bool, use_cache: bool) -> dict[str, An
             except KeyboardInterrupt:
                 status = "interrupted"
                 report = {"rounds": engine.rounds}
-            spend = {**executor.ledger.as_dict(), "reused_from_cache": executor.reused}
+            spend = {**executor.ledger.as_dict(), "reused_from_cache": executor.reused,
+                     "not_reused": executor.reuse.as_json()["not_reused"]}
             report = {
                 "study_id": study.run.run_id, "study_dir": str(study.run.path), "status": status,
                 "agent_version": study.agent_version, "seeds": study.seeds,

@@ -11,9 +11,11 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from agl_cli.agent_version import AgentVersion
 from agl_cli.evaluation import make_plan
 from agl_cli.optimize.cache import ResultCache
 from agl_cli.optimize.study import Ledger, Study, StudyRunner
+from agl_cli.reuse import ReuseReport
 from agl_cli.run_spend import from_runs, reused_among
 from agl_cli.tasks import Task
 from agl_cli.variants import Variant
@@ -76,17 +78,23 @@ class Executor:
         self.cache = cache
         self.quiet = quiet
         self.reused = 0
+        self.reuse = ReuseReport(enabled=cache is not None)  # every batch's: why rollouts were not reused
 
     def run(self, variants: list[Variant], tasks: list[Task], *, label: str) -> bool:
         """Run what is missing of variants x tasks x seeds; False when the budget stopped it."""
         plan = make_plan(variants, tasks, self.study.seeds)
         if self.cache is not None:
-            copied = self.cache.import_into(self.store, plan)
+            copied = self.cache.import_into(self.store, plan, run_id=self.study.run.run_id)
             if copied:
                 self.reused += copied
                 reused = reused_among(self.store, [item.key for item in plan])
                 self.console.print(f"{label}: {copied} rollouts reused from {from_runs(reused)} (same variant, task, "
                                    "seed and agent: not run again, and not counted as spent)")
+            batch = self.cache.explain(self.study.spec, self.store, plan,
+                                       current=AgentVersion.read(self.study.run.path))
+            self.reuse.add(batch)
+            for line in batch.lines():
+                self.console.print(f"{label}: {line}", markup=False)
         todo = self.runner.pending(plan)
         if not todo:
             return True

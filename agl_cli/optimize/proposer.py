@@ -36,9 +36,14 @@ def reflect_settings(spec: ExperimentSpec) -> tuple[ProposerSpec, str]:
         raise UsageError("--strategy reflect needs an LLM to propose prompts: the spec has no `proposer:` section",
                          hint=PROPOSER_HINT)
     try:
-        return spec.proposer, spec.proposer_knob()
+        knob = spec.proposer_knob()
     except ValueError as exc:
         raise UsageError(f"`proposer.knob`: {exc}") from None
+    if spec.knobs[knob].options[0] is None:
+        raise UsageError(f"--strategy reflect rewrites the baseline's prompt file, but knob {knob!r} starts with "
+                         "`null` (the agent's own prompt, which agl cannot read)",
+                         hint="put the agent's prompt in a file and list it first")
+    return spec.proposer, knob
 
 
 def cut(text: str, limit: int) -> str:

@@ -248,8 +248,8 @@ class ReflectSearch:
             )
         knob = self.study.spec.knobs[self.knob]
         assert knob.files is not None
-        if record.file not in knob.files:
-            knob.files.append(record.file)  # the working spec offers it, like a --candidate file
+        if record.file not in knob.option_files():
+            knob.add_file(record.file)  # the working spec offers it, like a --candidate file
         settings = dict(self.variants[record.parent].settings)
         settings[self.knob] = record.file
         variant = make_variant(self.study.spec, settings)

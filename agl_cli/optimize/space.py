@@ -63,9 +63,9 @@ def with_candidates(spec: ExperimentSpec, candidates: list[CandidateFile]) -> Ex
     for candidate in candidates:
         knob = working.knobs[candidate.knob]
         assert knob.files is not None
-        known = {str(working.resolve(f).resolve()) for f in knob.files}
+        known = {str(working.resolve(f).resolve()) for f in knob.option_files()}
         if candidate.path not in known:
-            knob.files.append(candidate.path)
+            knob.add_file(candidate.path)
     return working
 
 

@@ -12,10 +12,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agl_cli.agent_version import AgentVersion, describe_agent
 from agl_cli.errors import UsageError
 from agl_cli.evaluation import EvalRunner, PlannedRollout
 from agl_cli.metrics.fmt import usd
-from agl_cli.optimize.cache import agent_version, imported_ids
+from agl_cli.optimize.cache import imported_ids
 from agl_cli.optimize.space import (
     CandidateFile,
     ExtraOption,
@@ -82,6 +83,7 @@ class Study:
     seeds: int
     options: StudyOptions
     agent_version: str
+    version: AgentVersion | None = None  # its detail, written beside the manifest (which files, which keys)
 
     @property
     def baseline(self) -> Variant:
@@ -161,7 +163,9 @@ def prepare(config: Path, options: StudyOptions, candidate_texts: list[str], cwd
     if seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {seeds}")
     search, confirm = _split_tasks(working, options)
-    return Study(RunDir(Path()), working, spec_path, variants, search, confirm, seeds, options, agent_version(spec))
+    version = describe_agent(working, spec_path)  # the candidate files count in their variants, not in the agent
+    return Study(RunDir(Path()), working, spec_path, variants, search, confirm, seeds, options, version.digest,
+                 version)
 
 
 def create(study: Study, runs_dir: Path | None, *, status: str = "running") -> Study:
@@ -184,6 +188,8 @@ def create(study: Study, runs_dir: Path | None, *, status: str = "running") -> S
             "status": status,
         },
     )
+    if study.version is not None:
+        study.version.write(study.run.path)
     return study
 
 
@@ -199,14 +205,17 @@ def reopen(reference: str, runs_dir: Path | None) -> Study:
     options = StudyOptions(**manifest["options"])
     spec = load_spec(Path(manifest["spec_path"]))
     check_commands(spec, spec_path=Path(manifest["spec_path"]))
-    version = agent_version(spec)
+    working = _study_spec(spec, options, [CandidateFile(c["knob"], c["path"]) for c in options.candidates])
+    current = describe_agent(working, Path(manifest["spec_path"]))
+    version = current.digest
     if version != manifest["agent_version"]:
+        before = AgentVersion.read(run.path)
+        changed = current.changes_since(before) if before is not None else []
         raise UsageError(
             f"study {run.run_id}: the agent changed since it started (agent version {manifest['agent_version']} "
-            f"is now {version})",
+            f"is now {version}" + (f": {', '.join(changed[:6])}" if changed else "") + ")",
             hint="resuming would mix two agents; start a new study",
         )
-    working = _study_spec(spec, options, [CandidateFile(c["knob"], c["path"]) for c in options.candidates])
     by_id = {t.id: t for t in load_tasks(working)}
     wanted = manifest["search_task_ids"] + manifest["confirm_task_ids"]
     missing = [tid for tid in wanted if tid not in by_id]

@@ -31,7 +31,7 @@ from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_r
 from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.httpio import dialect_of, parse_json_object, presented_token, read_json_object
 from rl_backend.gateway.ids import check_rollout_id, shown_id
-from rl_backend.gateway.knobs import validate_knobs
+from rl_backend.gateway.knobs import knobs_for_call, validate_knobs
 from rl_backend.gateway.pricing import DeclaredPrice, PriceTable
 from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
 from rl_backend.gateway.routing import Router
@@ -303,7 +303,8 @@ class Gateway:
             if self.services.spend is not None and not self.services.prices.knows(route.upstream, route.model):
                 raise _unpriced(route.upstream.name, route.model)
             token_ids = self.record_token_ids and route.upstream.returns_token_ids
-            exchange = build_exchange(kind, body, route, token_ids=token_ids, knobs=entry.knobs)
+            knobs = knobs_for_call(entry.knobs, route.upstream.name, route.model)  # a scoped knob: this model's?
+            exchange = build_exchange(kind, body, route, token_ids=token_ids, knobs=knobs)
         except BaseException as exc:
             self.state.in_flight -= 1
             if isinstance(exc, GatewayError):

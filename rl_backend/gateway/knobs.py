@@ -5,13 +5,19 @@ API, where the value goes (`apply`: an edit of the request body, already a priva
 which is recorded on the call). A knob an API has no place for is left out of that record rather than faked.
 agl.yaml's `via: gateway` knobs (agl_cli/spec.py), the gateway's admission of a rollout (`validate_knobs`), the
 request adapters (`apply_knobs`) and the reference docs all read this table.
+
+A knob set to None is not applied: the request keeps whatever the agent sent (or left out), so an option `null`
+measures the agent as it is. A knob may also be limited to some models (`scoped`): `{"value": V, "models":
+[patterns]}` applies V only to the calls served by a model that matches (`knobs_for_call`, once the call is routed),
+so a parameter some models refuse reaches only the models that take it.
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,21 +231,67 @@ _TABLE = (
 KNOBS: dict[str, Knob] = {knob.name: knob for knob in _TABLE}
 
 
+def scoped(value: Any, models: Iterable[str]) -> dict[str, Any]:
+    """A knob setting that applies only to calls served by a model matching one of `models`."""
+    return {"value": value, "models": list(models)}
+
+
+def is_scoped(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {"value", "models"}
+
+
+def model_matches(patterns: Iterable[str], upstream: str, model: str) -> bool:
+    """Whether a call served by `upstream`/`model` is one a scoped knob applies to. A pattern with a slash matches
+    `upstream/model`, one without matches the model name on any upstream; `*` and `?` are wildcards."""
+    full = f"{upstream}/{model}"
+    return any(fnmatch.fnmatchcase(full if "/" in p else model, p) for p in patterns)
+
+
+def check_models(name: str, models: Any) -> list[str]:
+    """The model patterns of a scoped knob, checked; ValueError with the fix."""
+    if name == "model":
+        raise ValueError("knob 'model' chooses the model of every call; it cannot be limited to some models")
+    if (not isinstance(models, list | tuple) or not models
+            or not all(isinstance(m, str) and m.strip() for m in models)):
+        raise ValueError(f"knob {name!r}: `models` must be a non-empty list of model names or patterns, such as "
+                         f"['openai/gpt-5*'], got {models!r}")
+    return list(models)
+
+
 def validate_knobs(knobs: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The knobs the gateway will apply, checked; None values mean 'not set'. Raises ValueError with the fix."""
+    """The knobs the gateway will apply, checked; None values mean 'not set'. A scoped setting stays scoped (its
+    value checked). Raises ValueError with the fix."""
     result: dict[str, Any] = {}
     for name, value in (knobs or {}).items():
+        models = None
+        if is_scoped(value):
+            models, value = check_models(name, value["models"]), value["value"]
         if value is None:
             continue
         knob = KNOBS.get(name)
         if knob is None:
             raise ValueError(f"unknown gateway knob {name!r}; the gateway applies {', '.join(KNOBS)}")
-        result[name] = knob.check(value)
+        checked = knob.check(value)
+        result[name] = checked if models is None else scoped(checked, models)
+    return result
+
+
+def knobs_for_call(knobs: Mapping[str, Any], upstream: str, model: str) -> dict[str, Any]:
+    """A rollout's checked knobs as they apply to one routed call: scoped settings kept only when the call's model
+    matches, and unwrapped."""
+    result: dict[str, Any] = {}
+    for name, value in knobs.items():
+        if is_scoped(value):
+            if model_matches(value["models"], upstream, model):
+                result[name] = value["value"]
+        else:
+            result[name] = value
     return result
 
 
 def apply_knobs(api: Api, body: dict[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """Write checked knobs into a request body of `api`, in table order; returns what was applied."""
+    """Write checked knobs (as `knobs_for_call` gives them) into a request body of `api`, in table order; returns
+    what was applied."""
     applied: dict[str, Any] = {}
     if knobs:
         for knob in _TABLE:

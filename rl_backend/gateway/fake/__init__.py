@@ -6,6 +6,8 @@ Replies are deterministic (see replies.py). Faults are queued with `fail()` and 
 `status` (an error status, optionally with Retry-After), `slow` (a delay before the first byte), `malformed`
 (invalid JSON, or an invalid stream event), `reset` (the connection dropped after `after_events` stream events),
 `hang` (never answers; counts the caller hanging up in `cancelled`), `slow_stream` (a delay between events).
+`refused_params` (model name -> parameter names) answers a request that sends one of them to that model with
+OpenAI's 400 for an unsupported parameter, as a model without reasoning does for `reasoning_effort`.
 Every request is kept in `requests` (path, headers, body) so tests can check what reached the upstream.
 """
 
@@ -114,6 +116,7 @@ class FakeUpstream:
         self.cached_tokens = cached_tokens
         self.chunk_delay_s = 0.0
         self.requests: list[Seen] = []
+        self.refused_params: dict[str, set[str]] = {}
         self.cancelled = 0
         self._faults: deque[Fault] = deque()
         self._lock = threading.Lock()
@@ -130,6 +133,7 @@ class FakeUpstream:
         with self._lock:
             self._faults.clear()
             self.requests.clear()
+            self.refused_params = {}
             self.cancelled = 0
             self.chunk_delay_s = 0.0
 
@@ -195,6 +199,12 @@ class FakeUpstream:
         if not isinstance(body, dict):
             return call, JSONResponse({"error": {"message": "body is not a JSON object", "type": "invalid"}}, 400)
         call.body = body
+        refused = sorted(self.refused_params.get(str(body.get("model")), set()) & set(body))
+        if refused:
+            message = f"Unsupported parameter: '{refused[0]}' is not supported with this model."
+            err = {"message": message, "type": "invalid_request_error", "param": refused[0],
+                   "code": "unsupported_parameter"}
+            return call, JSONResponse({"type": "error", "error": err} if anthropic else {"error": err}, 400)
         fault = call.fault
         if fault is None:
             return call, None
