@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from agl_cli.errors import UsageError
-from agl_cli.spec import ExperimentSpec
+from agl_cli.spec import ExperimentSpec, option_text
 from agl_cli.variants import Variant, baseline, grid, make_variant, parse_variant
 from rl_backend.gateway.knobs import KNOBS
 
@@ -123,10 +123,13 @@ def with_options(spec: ExperimentSpec, extra: list[ExtraOption]) -> ExperimentSp
     for option in extra:
         knob = working.knobs[option.knob]
         if knob.files is not None:
-            if option.value not in {str(working.resolve(f).resolve()) for f in knob.files}:
-                knob.files.append(option.value)
-        elif knob.values is not None and option.value not in knob.values:
-            knob.values.append(option.value)
+            if option.value not in {str(working.resolve(f).resolve()) for f in knob.option_files()}:
+                knob.add_file(option.value)
+        elif knob.values is not None and option.value not in knob.options:
+            if isinstance(knob.values, dict):  # short names: the extra option is named as it was typed
+                knob.values[option_text(option.value)] = option.value
+            else:
+                knob.values.append(option.value)
     return working
 
 
