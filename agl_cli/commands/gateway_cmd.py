@@ -97,7 +97,8 @@ def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None
             except ValidationError as exc:
                 err = exc.errors()[0]
                 where = doc.line_of((key, name, *err["loc"]))
-                raise ConfigError(f"{spec_path}:{where}: `{key}.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
+                field = ".".join(str(part) for part in (key, name, *err["loc"]))
+                raise ConfigError(f"{spec_path}:{where}: `{field}`: {err['msg'].removeprefix('Value error, ')}") from None
         return parsed
 
     specs = section("upstreams", UpstreamSpec, "name to upstream")

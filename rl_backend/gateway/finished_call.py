@@ -25,6 +25,7 @@ class Ending:
     failure_body: dict[str, Any] | None
     ttft_s: float | None
     model_version: str | None  # the gateway's current one, for upstreams that report none
+    answered: bool = False  # the upstream began a 2xx answer (so it may have billed, whatever usage says)
 
 
 def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
@@ -35,9 +36,9 @@ def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
     if out.error and not error:
         error = f"upstream_error_event: {out.error}"
     usage = out.usage
-    if usage.input_tokens is None and end.status is not None and end.status >= 400:
-        cost: float | None = 0.0  # a refused call is not billed
-    else:
+    if usage.input_tokens is None and end.status is not None and end.status >= 400 and not end.answered:
+        cost: float | None = 0.0  # refused, or never answered: not billed
+    else:  # None (unknown) when the upstream answered but its usage never came, or came impossible
         cost = prices.cost(ex.route.upstream, [ex.route.model, out.upstream_model], usage)
     # Every value below already has its field's type: skip pydantic's validation on the hot path.
     return CallRecord.model_construct(

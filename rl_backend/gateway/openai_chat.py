@@ -101,7 +101,8 @@ class ChatAccumulator:
                 if key not in head and chunk.get(key) is not None:
                     head[key] = chunk[key]
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None:
+            usage_from_openai(usage)  # usage that cannot be true fails the stream here, before it is kept
             self.usage = usage
         if self.prompt_token_ids is None and "prompt_token_ids" in chunk:
             self.prompt_token_ids = int_list(chunk["prompt_token_ids"])

@@ -72,7 +72,8 @@ class CompletionsExchange(OpenAIExchange):
         for key in ("id", "created", "model"):
             if chunk.get(key) is not None and key not in self.head:
                 self.head[key] = chunk[key]
-        if isinstance(chunk.get("usage"), dict):
+        if chunk.get("usage") is not None:
+            usage_from_openai(chunk["usage"])  # usage that cannot be true fails the stream here, before it is kept
             self.usage = chunk["usage"]
         if isinstance(chunk.get("model_version"), str):
             self.model_version = chunk["model_version"]

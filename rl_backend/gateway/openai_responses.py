@@ -84,6 +84,7 @@ class ResponsesExchange(Exchange):
         elif isinstance(kind, str) and kind.endswith(".delta"):
             self.output_started = True
         elif kind in TERMINAL and isinstance(data.get("response"), dict):
+            usage_from_openai(data["response"].get("usage"))  # usage that cannot be true fails the stream here
             self.final = data["response"]
         elif kind == "error":
             self.outcome.error = str(data.get("message") or data.get("error") or "error event")

@@ -15,14 +15,14 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit
+from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit, WorstCase, worst_case_tokens
 from rl_backend.gateway.errors import error_body, upstream_error_message
-from rl_backend.gateway.exchange import Exchange
+from rl_backend.gateway.exchange import Exchange, ImpossibleUsage
 from rl_backend.gateway.finished_call import Ending, build_record
 from rl_backend.gateway.h1client import HTTPError, ReadTimeout
 from rl_backend.gateway.jsonfast import dumps, loads
@@ -66,6 +66,18 @@ class Services:
     state: GatewayState
     durable_before_reply: bool = True
     spend: SpendLimit | None = None  # the hard ceiling, when the run has a budget in USD
+    _settled: asyncio.Event | None = field(default=None, repr=False)  # set (and replaced) when a reservation ends
+
+    async def reservation_settled(self) -> None:
+        """Wait until some call's reservation against the budget is settled (on the gateway's loop)."""
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        await self._settled.wait()
+
+    def settled(self) -> None:
+        event, self._settled = self._settled, None
+        if event is not None:
+            event.set()
 
 
 class ProxyCall:
@@ -102,6 +114,8 @@ class ProxyCall:
         self.client_gone = False
         self.recorded = False
         self.running = False
+        self.answered = False  # the upstream began a 2xx answer
+        self.reserved_usd: float | None = None  # held against the budget until the call is recorded
 
     # -- ASGI -----------------------------------------------------------------------------------------------------
 
@@ -146,6 +160,11 @@ class ProxyCall:
                     self.services.writer.submit(self._record(), self.secrets)
                 except Exception:
                     log.exception("gateway: could not build the record of call %s", self.call_id)
+            if self.reserved_usd is not None and self.services.spend is not None:
+                # No record could be built: the reservation is charged whole if the upstream answered, never lost.
+                reserved, self.reserved_usd = self.reserved_usd, None
+                self.services.spend.settle(reserved, reserved if self.answered else 0.0)
+                self.services.settled()
 
     async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:
@@ -161,17 +180,19 @@ class ProxyCall:
 
     async def _run(self, send: Send) -> None:
         ex = self.exchange
-        refusal = self.services.spend.refuse(self.rollout_id) if self.services.spend is not None else None
+        request = ex.upstream_body()
+        body = dumps(request)
+        refusal = await self._reserve(request, len(body))
         if refusal is not None:
             await self._fail(send, REFUSAL_STATUS, f"{REFUSAL_CODE}: {refusal}", refusal, code=REFUSAL_CODE)
             return
-        body = dumps(ex.upstream_body())
         try:
             opened = await self.services.client.open(ex.route, ex.path, body, ex.upstream_headers(self.agent_headers))
         except UpstreamUnavailable as exc:
             await self._fail(send, exc.status, f"upstream_unavailable: {exc.message}", exc.message)
             return
         response = opened.response
+        self.answered = 200 <= response.status_code < 300
         try:
             if not 200 <= response.status_code < 300:
                 await self._pass_error(send, response)
@@ -181,6 +202,41 @@ class ProxyCall:
                 await self._whole(send, response)
         finally:
             close_quietly(response)
+
+    async def _reserve(self, request: dict[str, Any], body_bytes: int) -> str | None:
+        """Hold this call's worst case against the budget, waiting while other calls' reservations are in flight;
+        the refusal's message when the budget could not pay it even with nothing in flight."""
+        spend = self.services.spend
+        if spend is None:
+            return None
+        ex = self.exchange
+        input_tokens, output_tokens, stated = worst_case_tokens(ex.path, request, body_bytes)
+        usd = self.services.prices.most(ex.route.upstream, ex.route.model, input_tokens, output_tokens)
+        if usd is None:  # the gateway refuses unpriced models under a budget before this point; never guess
+            return f"model {ex.route.upstream.name}/{ex.route.model} has no price, so agl cannot count it"
+        if usd == 0:
+            return None  # free
+        while not spend.reserve(usd):
+            if not spend.fits_alone(usd):
+                return spend.refuse(self.rollout_id, WorstCase(input_tokens, output_tokens, stated, usd))
+            await self.services.reservation_settled()
+        self.reserved_usd = usd
+        return None
+
+    def _settle(self, record: CallRecord) -> None:
+        """Charge the budget for this call and release the rest of its reservation. A cost that cannot be known
+        although the upstream answered (usage missing, impossible, or cut off) is charged the whole reservation."""
+        spend = self.services.spend
+        if spend is None:
+            return
+        reserved, self.reserved_usd = self.reserved_usd, None
+        if reserved is None:
+            spend.charge(record.cost_usd)
+            return
+        known = record.cost_usd is not None and record.input_tokens is not None and record.output_tokens is not None
+        cost = record.cost_usd if known and record.cost_usd is not None else reserved if self.answered else 0.0
+        spend.settle(reserved, cost)
+        self.services.settled()
 
     async def _pass_error(self, send: Send, response: UpstreamResponse) -> None:
         """An upstream error status after retries: the agent gets it as the upstream said it."""
@@ -213,7 +269,12 @@ class ProxyCall:
             await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream connection broke: {exc}")
             return
         try:
-            data = self.exchange.process_response(loads(raw))
+            parsed = loads(raw)
+            data = self.exchange.process_response(parsed)
+        except ImpossibleUsage as exc:
+            self.failure_body = parsed if isinstance(parsed, dict) else None
+            await self._fail(send, 502, f"upstream_impossible_usage: {exc}", _impossible(exc))
+            return
         except ValueError as exc:
             snippet = raw[:200].decode("utf-8", "replace")
             await self._fail(send, 502, f"upstream_malformed: {exc}: {snippet!r}", f"upstream sent a malformed answer: {exc}")
@@ -251,6 +312,9 @@ class ProxyCall:
         except HTTPError as exc:
             await self._break_stream(send, f"upstream_stream_broken: {type(exc).__name__}: {exc}")
             return
+        except ImpossibleUsage as exc:
+            await self._break_stream(send, f"upstream_impossible_usage: {exc}", message=_impossible(exc))
+            return
         except ValueError as exc:
             await self._break_stream(send, f"upstream_malformed: a stream event was not valid JSON ({exc})")
             return
@@ -281,14 +345,13 @@ class ProxyCall:
                 async for _ in chunks:
                     pass
 
-    async def _break_stream(self, send: Send, error: str, tail: list[bytes] | None = None) -> None:
+    async def _break_stream(self, send: Send, error: str, tail: list[bytes] | None = None, *,
+                            message: str | None = None) -> None:
         self.error = error
         self.status = 502
-        message = error.split(": ", 1)[-1]
+        shown = message or f"upstream failed mid-stream: {error.split(': ', 1)[-1]}"
         await self._commit()
-        await self._send_events(
-            send, [*(tail or []), self.exchange.error_event(f"upstream failed mid-stream: {message}")], last=True
-        )
+        await self._send_events(send, [*(tail or []), self.exchange.error_event(shown)], last=True)
 
     async def _fail(self, send: Send, status: int, error: str, message: str, *, code: str | None = None) -> None:
         self.status = status
@@ -349,8 +412,13 @@ class ProxyCall:
             failure_body=self.failure_body,
             ttft_s=self.ttft_s,
             model_version=self.services.state.model_version,
+            answered=self.answered,
         )
         record = build_record(self.exchange, end, self.services.prices)
-        if self.services.spend is not None:  # built once per call (`recorded` guards it), so charged once
-            self.services.spend.charge(record.cost_usd)
+        self._settle(record)  # built once per call (`recorded` guards it), so settled once
         return record
+
+
+def _impossible(exc: ImpossibleUsage) -> str:
+    return (f"the upstream reported token usage that cannot be true ({exc}); agl does not count it as money, so "
+            "the call failed")
