@@ -53,6 +53,7 @@ class MessageAccumulator:
         self.json_parts: dict[int, list[str]] = {}
         self.done = False
         self.error: str | None = None
+        self.keep = True  # False once the stream outgrew what the record keeps: the blocks' text no longer grows
 
     def add(self, data: Mapping[str, Any]) -> bool:
         """Fold one event in; True when it carried generated content."""
@@ -65,6 +66,8 @@ class MessageAccumulator:
         elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
             self.blocks[int(data.get("index") or 0)] = dict(data["content_block"])
         elif kind == "content_block_delta":
+            if not self.keep:
+                return True
             index = int(data.get("index") or 0)
             block = self.blocks.setdefault(index, {"type": "text", "text": ""})
             delta = data.get("delta") or {}
@@ -162,6 +165,9 @@ class MessagesExchange(AnthropicExchange):
 
     def stream_complete(self) -> bool:
         return self.acc.done
+
+    def _stop_keeping(self) -> None:
+        self.acc.keep = False
 
     def collect(self) -> None:
         self.outcome.response = self.acc.result()

@@ -32,7 +32,16 @@ class UpstreamSpec(BaseModel):
         description="the environment variable holding its API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY); "
         "agents never see it",
     )
-    timeout_s: float = Field(default=600.0, description="seconds to wait for the upstream's answer")
+    timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="seconds one call may take in all, retries and a streamed answer included: an answer that has "
+        "not ended by then fails (504, or an error event in a stream already started)",
+    )
+    idle_timeout_s: float | None = Field(
+        default=None, gt=0,
+        description="seconds the upstream may stay silent, before its first byte or between two parts of an answer, "
+        "before the call fails; default: `timeout_s`",
+    )
     path: str | None = Field(default=None, description="replay: the JSONL recording to answer from")
     api: Literal["openai", "anthropic"] | None = Field(default=None, description="replay: the API the recording speaks")
     record_to: str | None = Field(default=None, description="append every response of this upstream to a JSONL file")
@@ -133,7 +142,8 @@ class ResolvedUpstream(BaseModel):
     base_urls: list[str]
     api_key: str | None = Field(default=None, repr=False)
     default_model: str | None = None
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # the whole call, retries and a streamed answer included
+    idle_timeout_s: float | None = None  # the longest silence (default: timeout_s)
     # vLLM-style servers (vLLM itself, the embedded server) return token ids and logprobs when asked.
     returns_token_ids: bool = False
     # Whether calls cost nothing per token (a model we serve ourselves). None: decided by the gateway, which counts

@@ -40,6 +40,9 @@ class Exchange(ABC):
     dialect: Dialect
     path: str  # upstream path, appended to the replica's base URL
     asks_token_ids: ClassVar[bool] = True  # whether a vLLM-style upstream returns token ids for this API
+    # Whether the agent gets the upstream's own bytes (so an answer too big to hold can pass through unread), not a
+    # translation of them.
+    passes_through: ClassVar[bool] = True
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
         """Check the agent's request (GatewayError 400), then make the request as recorded: a copy naming the
@@ -51,6 +54,7 @@ class Exchange(ABC):
         self.token_ids = token_ids and self.asks_token_ids
         self.outcome = Outcome()
         self.output_started = False  # set by process_event at the first generated content (for ttft)
+        self.keep_limit: int | None = None  # set when the answer outgrew what the record keeps (oversize.py)
         request = dict(body)
         request["model"] = route.model
         self.knobs_applied = apply_knobs(self.api, request, knobs)
@@ -93,6 +97,18 @@ class Exchange(ABC):
 
     def collect(self) -> None:  # noqa: B027 - an optional hook: most adapters fill the outcome event by event
         """Fill the outcome from what a stream delivered (also a stream cut short)."""
+
+    def stop_keeping(self, limit: int) -> None:
+        """The answer passed `limit` bytes: from now on keep only what is small (usage, model, finish reasons)."""
+        self.keep_limit = limit
+        self._stop_keeping()
+
+    def _stop_keeping(self) -> None:  # noqa: B027 - adapters that collect a stream's text override it
+        """Stop collecting the stream's text, token ids and logprobs."""
+
+    def usage_of(self, usage: Any) -> Usage:
+        """Usage as the upstream's API words it (ImpossibleUsage when it cannot be true)."""
+        return usage_from_anthropic(usage) if self.route.upstream.api == "anthropic" else usage_from_openai(usage)
 
     def error_from_upstream(self, status: int, body: bytes, content_type: str) -> tuple[bytes, str]:
         """The body and content type the agent gets for an upstream error status; translators reshape it."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_backend.gateway.exchange import Exchange
+from rl_backend.gateway.oversize import TRUNCATED, truncation_note
 from rl_backend.gateway.pricing import PriceTable
 from rl_backend.store.records import CallRecord
 
@@ -26,12 +27,16 @@ class Ending:
     ttft_s: float | None
     model_version: str | None  # the gateway's current one, for upstreams that report none
     answered: bool = False  # the upstream began a 2xx answer (so it may have billed, whatever usage says)
+    received_bytes: int = 0  # of the answer's body, as the upstream sent it
 
 
 def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
     if ex.stream:
         ex.collect()
     out = ex.outcome
+    if ex.keep_limit is not None:  # the answer outgrew what a record keeps: say so, and keep no partial token ids
+        out.response = {**(out.response or {}), TRUNCATED: truncation_note(ex.keep_limit, end.received_bytes)}
+        out.completion_token_ids = out.logprobs = None
     error = end.error
     if out.error and not error:
         error = f"upstream_error_event: {out.error}"

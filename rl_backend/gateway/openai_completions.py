@@ -51,6 +51,7 @@ class CompletionsExchange(OpenAIExchange):
         self.head: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
+        self.keep = True  # False once the stream outgrew what the record keeps
         self.model_version: str | None = None
 
     @staticmethod
@@ -84,11 +85,13 @@ class CompletionsExchange(OpenAIExchange):
                 int(choice.get("index") or 0),
                 {"text": [], "finish": None, "tokens": [], "lps": [], "ids": [], "prompt_ids": None},
             )
+            if choice.get("finish_reason"):
+                state["finish"] = choice["finish_reason"]
+            if not self.keep:
+                continue
             if isinstance(choice.get("text"), str) and choice["text"]:
                 state["text"].append(choice["text"])
                 self.output_started = True
-            if choice.get("finish_reason"):
-                state["finish"] = choice["finish_reason"]
             lp = choice.get("logprobs")
             if isinstance(lp, dict):
                 state["tokens"].extend(lp.get("tokens") or [])
@@ -96,6 +99,9 @@ class CompletionsExchange(OpenAIExchange):
             state["ids"].extend(int_list(choice.get("token_ids")) or [])
             if state["prompt_ids"] is None:
                 state["prompt_ids"] = int_list(choice.get("prompt_token_ids"))
+
+    def _stop_keeping(self) -> None:
+        self.keep = False
 
     def collect(self) -> None:
         out = self.outcome

@@ -41,27 +41,49 @@ def encode_json_event(payload: Any, event: str | None = None) -> bytes:
     return head + b"data: " + dumps(payload) + b"\n\n"
 
 
+class EventTooLarge(ValueError):
+    """A stream event longer than the decoder holds: it would have to be kept whole to be read."""
+
+
 class SSEDecoder:
-    def __init__(self) -> None:
-        self._buffer = b""
+    """Events from a byte stream. Linear in the bytes fed, however they are split: an event arriving in many small
+    chunks is not copied again at each one; with `max_event_bytes`, an event growing past it raises EventTooLarge."""
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0  # how much of the buffer is known to hold no event's end
+        self._cr = False  # the last chunk ended in CR: its LF may start the next
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        # Normalise CRLF over the whole unconsumed buffer, so a CR and LF split across chunks still pair up.
-        self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if chunk.endswith(b"\r"):
+            chunk, self._cr = chunk[:-1], True
+        buf = self._buffer
+        buf += chunk.replace(b"\r\n", b"\n")
         events: list[SSEEvent] = []
+        pos = 0
+        search = max(self._scanned - 1, 0)  # a blank line may straddle the old end and the new bytes
         while True:
-            end = self._buffer.find(b"\n\n")
+            end = buf.find(b"\n\n", search)
             if end < 0:
                 break
-            block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
-            event = self._parse(block)
+            event = self._parse(bytes(buf[pos:end]))
             if event is not None:
                 events.append(event)
+            pos = search = end + 2
+        if pos:
+            del buf[:pos]
+        self._scanned = len(buf)
+        if self.max_event_bytes is not None and len(buf) > self.max_event_bytes:
+            raise EventTooLarge(f"a stream event passed {self.max_event_bytes} bytes without ending")
         return events
 
     def flush(self) -> list[SSEEvent]:
         """An event the stream ended without terminating (some servers omit the final blank line)."""
-        block, self._buffer = self._buffer, b""
+        block = bytes(self._buffer) + (b"\r" if self._cr else b"")
+        self._buffer, self._scanned, self._cr = bytearray(), 0, False
         event = self._parse(block.rstrip(b"\n"))
         return [] if event is None else [event]
 

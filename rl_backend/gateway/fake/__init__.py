@@ -7,7 +7,8 @@ Replies are deterministic (see replies.py). Faults are queued with `fail()` and 
 (invalid JSON, or an invalid stream event), `reset` (the connection dropped after `after_events` stream events),
 `hang` (never answers; counts the caller hanging up in `cancelled`), `slow_stream` (a delay between events), and
 those of a hostile upstream (hostile.py): `usage` (every usage object updated with `usage=`), `endless` (a chat
-stream that never ends, a token every `delay_s`), `huge` (a chat answer of `size` bytes, whole or streamed).
+stream that never ends, a token every `delay_s`), `huge` (a chat answer of `size` bytes, whole or streamed),
+`huge_event` (one stream event of `size` bytes that never ends).
 Every request is kept in `requests` (path, headers, body) so tests can check what reached the upstream.
 """
 
@@ -215,6 +216,8 @@ class FakeUpstream:
             return call, hostile.Endless(body.get("model"), fault.delay_s or 0.05, self.note_cancelled)
         elif fault.kind == "huge":
             return call, hostile.Huge(body.get("model"), fault.size, stream=body.get("stream") is True)
+        elif fault.kind == "huge_event":
+            return call, hostile.HugeEvent(fault.size)
         elif fault.kind == "malformed" and not body.get("stream"):
             return call, Response(b'{"id": "broken", "choices": [', media_type="application/json")
         return call, None

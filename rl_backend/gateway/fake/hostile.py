@@ -1,6 +1,6 @@
 """Answers of a misbehaving upstream, for the fake's faults that test the gateway under pressure: usage that cannot
-be true (`with_usage`), a chat stream that never ends (`Endless`), and a chat answer of any size, sent in pieces so
-the fake itself never holds it (`Huge`)."""
+be true (`with_usage`), a chat stream that never ends (`Endless`), a chat answer of any size, sent in pieces so the
+fake itself never holds it (`Huge`), and a stream whose one event never ends (`HugeEvent`)."""
 
 from __future__ import annotations
 
@@ -92,3 +92,20 @@ class Huge(Response):
         for _ in range(self.size // _PIECE):
             await send({"type": "http.response.body", "body": filler, "more_body": True})
         await send({"type": "http.response.body", "body": suffix, "more_body": False})
+
+
+class HugeEvent(Response):
+    """A stream whose first event is `size` bytes of data with no end, then the connection held until the caller
+    hangs up."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: ", "more_body": True})
+        filler = b"a" * _PIECE
+        for _ in range(self.size // _PIECE):
+            await send({"type": "http.response.body", "body": filler, "more_body": True})
+        await _until_gone(receive)
