@@ -230,6 +230,19 @@ def test_a_run_stopped_by_the_budget_shows_every_call_it_paid_for(tmp_path: Path
     assert doc["spend"]["usd"] <= spec["budget"]["usd"]  # type: ignore[index]
 
 
+def test_the_rollouts_budget_has_no_such_hole(tmp_path: Path) -> None:
+    """budget.rollouts is checked and counted in one step before a rollout starts, so concurrency cannot pass it."""
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps({"id": f"q{i}"}) + "\n" for i in range(12)))
+    spec = {"agent": {"command": "python -c \"import sys; open(sys.argv[1], 'w').write('x')\" {output_file}"},
+            "tasks": {"path": "tasks.jsonl"}, "grader": {"command": "python -c 'print(1)'"},
+            "concurrency": 8, "budget": {"rollouts": 3}}
+    (tmp_path / "agl.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = run_agl(["eval", "agl.yaml", "--json", "-q", "--no-report"], cwd=tmp_path)
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "budget_reached" and doc["spend"]["rollouts_launched"] == 3, result.stderr
+    assert doc["variants"][0]["finished"] == 3
+
+
 # -- 16. prices ------------------------------------------------------------------------------------------------------
 
 

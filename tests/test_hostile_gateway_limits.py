@@ -130,6 +130,30 @@ def test_a_stream_event_too_big_to_read_fails_the_stream(upstream: FakeUpstream)
         assert call.status_code == 502 and (call.error or "").startswith("upstream_too_large")
 
 
+def test_stream_events_read_the_same_however_the_bytes_are_split() -> None:
+    """The decoder holds only an unfinished event (it no longer copies its whole buffer at every chunk): the events
+    must not depend on where chunks end, CRLF split across two included."""
+    import random
+
+    from rl_backend.gateway.sse import SSEDecoder
+
+    rng = random.Random(7)
+    stream = b"".join(
+        (f"event: e{i}\r\ndata: {'x' * rng.randint(0, 50)}\r\ndata: two\r\n\r\n" if i % 2 else f": ping\ndata: {i}\n\n")
+        .encode() for i in range(200)
+    )
+    whole = [(e.event, e.data) for e in SSEDecoder().feed(stream)]
+    assert len(whole) == 200 and whole[1] == ("e1", whole[1][1]) and whole[1][1].endswith("\ntwo")
+    for _ in range(100):
+        decoder, seen, at = SSEDecoder(), [], 0
+        while at < len(stream):
+            step = rng.randint(1, 40)
+            seen += [(e.event, e.data) for e in decoder.feed(stream[at:at + step])]
+            at += step
+        seen += [(e.event, e.data) for e in decoder.flush()]
+        assert seen == whole
+
+
 def _peak_rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):

@@ -60,21 +60,29 @@ class SSEDecoder:
             chunk, self._cr = b"\r" + chunk, False
         if chunk.endswith(b"\r"):
             chunk, self._cr = chunk[:-1], True
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
         buf = self._buffer
-        buf += chunk.replace(b"\r\n", b"\n")
+        # The usual chunk starts with a new event: read it where it lies; only an unfinished event is buffered.
+        data: bytes | bytearray = chunk
+        search = 0
+        if buf:
+            buf += chunk
+            data, search = buf, max(self._scanned - 1, 0)  # a blank line may straddle the old end and the new bytes
         events: list[SSEEvent] = []
         pos = 0
-        search = max(self._scanned - 1, 0)  # a blank line may straddle the old end and the new bytes
         while True:
-            end = buf.find(b"\n\n", search)
+            end = data.find(b"\n\n", search)
             if end < 0:
                 break
-            event = self._parse(bytes(buf[pos:end]))
+            event = self._parse(bytes(data[pos:end]) if data is buf else data[pos:end])
             if event is not None:
                 events.append(event)
             pos = search = end + 2
-        if pos:
+        if data is buf:
             del buf[:pos]
+        elif pos < len(chunk):
+            buf += chunk[pos:]
         self._scanned = len(buf)
         if self.max_event_bytes is not None and len(buf) > self.max_event_bytes:
             raise EventTooLarge(f"a stream event passed {self.max_event_bytes} bytes without ending")

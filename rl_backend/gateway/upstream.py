@@ -1,5 +1,6 @@
 """The gateway's side of upstream HTTP: pooled keep-alive connections, timeouts, and retries before the agent sees
-a byte.
+a byte. An upstream's `timeout_s` is the call's deadline, retries and the answer's last byte included (a stream that
+never ends is cut there); `idle_timeout_s` (default: `timeout_s`) bounds each silence.
 
 `open()` returns an upstream response whose head has arrived and whose body is still unread, so a stream can be
 passed on as it comes. Connect failures, a connection that closed before answering, 408/409/429 and 5xx are
