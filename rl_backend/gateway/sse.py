@@ -75,7 +75,7 @@ class SSEDecoder:
             end = data.find(b"\n\n", search)
             if end < 0:
                 break
-            event = self._parse(bytes(data[pos:end]) if data is buf else data[pos:end])
+            event = self._parse(data[pos:end])
             if event is not None:
                 events.append(event)
             pos = search = end + 2
@@ -96,7 +96,7 @@ class SSEDecoder:
         return [] if event is None else [event]
 
     @staticmethod
-    def _parse(block: bytes) -> SSEEvent | None:
+    def _parse(block: bytes | bytearray) -> SSEEvent | None:
         # The usual block is one `data: …` line: take it without splitting (most of a stream's cost is here).
         if block.startswith(b"data: ") and b"\n" not in block:
             return SSEEvent(block[6:].decode("utf-8", "replace"))
