@@ -5,6 +5,7 @@ a finite number. The upstream is the scripted fake on loopback, misbehaving as a
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +109,23 @@ def test_a_call_that_can_never_fit_says_what_is_left_and_what_it_could_cost(upst
         assert "32,768 output tokens" in message and "max_tokens on the call would reserve less" in message
         assert not upstream.requests  # refused before anything went upstream
         assert client.chat.completions.create(model="paid/tiny", messages=MSGS, max_tokens=4).choices  # type: ignore[arg-type]
+
+
+def test_the_worst_case_counts_images_and_any_request_shape(upstream: FakeUpstream) -> None:
+    """Each image part reserves thousands of input tokens, however short its URL; tool schemas of any shape
+    (`"type": ["string", "null"]`) are read without trouble."""
+    tools = [{"type": "function", "function": {"name": "find", "parameters": {
+        "type": "object", "properties": {"q": {"type": ["string", "null"]}}}}}]
+    image = [{"role": "user", "content": [{"type": "text", "text": "hello there"},
+                                          {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}]
+    with _paid(upstream, SpendLimit(0.05)) as h:
+        client = h.openai("r1")
+        assert client.chat.completions.create(model="paid/tiny", messages=MSGS, max_tokens=4, tools=tools).choices  # type: ignore[arg-type]
+        with pytest.raises(openai.APIStatusError) as refused:  # 3,000 tokens at $10 per 1M: $0.03 more
+            client.chat.completions.create(model="paid/tiny", messages=image, max_tokens=4)  # type: ignore[arg-type]
+        assert refused.value.status_code == 402
+        counted = re.search(r"about ([\d,]+) input tokens", refused.value.body["message"])  # type: ignore[index]
+        assert counted is not None and int(counted.group(1).replace(",", "")) > 3_000
 
 
 # -- 2. usage that cannot be true ----------------------------------------------------------------------------------

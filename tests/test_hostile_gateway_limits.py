@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -119,6 +120,18 @@ def test_a_huge_answer_reaches_the_agent_whole_and_the_record_keeps_a_bounded_pa
         assert call.completion_token_ids is None
     assert whole.response["head"].startswith('{"id": "chatcmpl-huge"')  # type: ignore[index]
     assert stream.response["choices"][0]["message"]["content"].startswith("aaaa")  # type: ignore[index]
+
+
+def test_a_huge_answer_agl_would_have_to_translate_is_refused_not_held(upstream: FakeUpstream) -> None:
+    with Harness(upstream, upstreams={"slow": upstream.upstream("slow", api_key=UPSTREAM_KEY)}, default_model="slow/m",
+                 keep_response_bytes=1 << 20) as h:
+        claude = h.anthropic("r1", timeout=60.0)  # the Messages API, served by an OpenAI-compatible upstream
+        upstream.fail("huge", size=2 << 20)
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            claude.messages.create(model="slow/m", max_tokens=8, messages=MSGS)
+        assert refused.value.status_code == 502 and "more than agl reads to translate" in refused.value.message
+        (call,) = h.calls()
+        assert (call.error or "").startswith("upstream_too_large")
 
 
 def test_a_stream_event_too_big_to_read_fails_the_stream(upstream: FakeUpstream) -> None:

@@ -63,7 +63,8 @@ def _media_parts(value: Any, depth: int = 0) -> int:
     if depth > 64:
         return 0
     if isinstance(value, dict):
-        own = 1 if value.get("type") in _MEDIA_TYPES else 0
+        kind = value.get("type")  # a JSON schema in a tool may say "type": ["string", "null"]
+        own = 1 if isinstance(kind, str) and kind in _MEDIA_TYPES else 0
         return own + sum(_media_parts(v, depth + 1) for v in value.values() if isinstance(v, dict | list))
     if isinstance(value, list):
         return sum(_media_parts(v, depth + 1) for v in value if isinstance(v, dict | list))
