@@ -30,7 +30,7 @@ STATED_OUTPUT_CAP = 32_768
 # image behind it is not). The largest images the hosted APIs take cost about 1,600 to 2,500 tokens.
 IMAGE_TOKENS = 3_000
 _MEDIA_TYPES = frozenset({"image_url", "input_image", "image", "file", "input_file", "document", "input_audio"})
-# Where each upstream API takes the answer's token limit, and how many answers one request asks for.
+# Where each upstream API takes the answer's token limit (the first one set wins).
 _LIMIT_FIELDS = {
     "/chat/completions": ("max_completion_tokens", "max_tokens"),
     "/completions": ("max_tokens",),
@@ -111,15 +111,6 @@ class SpendLimit:
         self.refused_calls = 0
         self._refused_rollouts: set[str] = set()
         self._lock = threading.Lock()
-
-    @property
-    def left_usd(self) -> float:
-        """What is neither spent nor reserved."""
-        return max(self.limit_usd - self.spent_usd - self.reserved_usd, 0.0)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.spent_usd >= self.limit_usd
 
     def reserve(self, usd: float) -> bool:
         """Hold `usd` for a call if the budget can pay it on top of what is spent and reserved; False if not."""
