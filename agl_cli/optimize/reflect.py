@@ -220,8 +220,8 @@ class ReflectSearch:
         used = self.store.call_totals_by_rollout().get(record.scope)
         record.cost_usd = 0.0 if used is None else used.cost_usd
         gateway = self.executor.runner.services.gateway
-        limit = gateway.spend_limit if gateway is not None else None
-        if reply.text is None and limit is not None and limit.was_refused(record.scope):
+        ceiling = gateway.spend_limit if gateway is not None else None
+        if reply.text is None and ceiling is not None and ceiling.was_refused(record.scope):
             # The budget could not pay this call's worst case: a budget stop, not a rejected proposal (unsaved, so a
             # resume with more budget asks again).
             self.budget_hit = True
