@@ -14,7 +14,8 @@ import uvicorn
 
 
 class ServerThread:
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+                 http: Any = "auto") -> None:
         self.host = host
         self._config = uvicorn.Config(
             app,
@@ -26,6 +27,7 @@ class ServerThread:
             timeout_graceful_shutdown=5,
             # Keep-alive long enough that a client pool never races the server closing an idle socket.
             timeout_keep_alive=30,
+            http=http,  # uvicorn's choice, or a protocol class (the gateway's limits a request's arrival in time)
         )
         self._server = uvicorn.Server(self._config)
         self._thread = threading.Thread(target=self._run, name=f"uvicorn-{host}", daemon=True)

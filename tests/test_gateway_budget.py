@@ -1,4 +1,4 @@
-"""The spend ceiling: once recorded calls cost the budget, the gateway refuses new calls (402, recorded), and the
+"""The spend ceiling: once the budget cannot pay a call's worst case, the gateway refuses it (402, recorded), and the
 runner reports such rollouts as stopped by the budget, never as wrong answers; a resume with more budget reruns them."""
 
 from __future__ import annotations
@@ -31,26 +31,26 @@ def _paid_harness(fake: FakeUpstream, limit: SpendLimit) -> Harness:
 
 def test_calls_past_the_budget_are_refused_and_recorded(fake: FakeUpstream) -> None:
     fake.reset()
-    limit = SpendLimit(0.05, hint="raise budget.usd")
+    limit = SpendLimit(0.1, hint="raise budget.usd")
     with _paid_harness(fake, limit) as h:
         client = h.openai("r1")
-        paid_before_refusal: list[float] = []
+        spent_after: list[float] = []
         refused: openai.APIStatusError | None = None
         for _ in range(200):
             try:
-                client.chat.completions.create(model="paid/tiny", messages=MSGS)  # type: ignore[arg-type]
+                client.chat.completions.create(model="paid/tiny", messages=MSGS, max_tokens=8)  # type: ignore[arg-type]
             except openai.APIStatusError as exc:
                 refused = exc
                 break
-            paid_before_refusal.append(limit.spent_usd)
+            spent_after.append(limit.spent_usd)
         assert refused is not None, "the gateway never refused a call"
         assert refused.status_code == 402
         body: Any = refused.body
-        assert body["code"] == "budget_exhausted" and "budget of $0.05 is spent" in body["message"]
+        assert body["code"] == "budget_exhausted" and "budget of $0.1 has $" in body["message"]
+        assert "left" in body["message"] and "could cost up to $" in body["message"]
         assert "raise budget.usd" in body["message"]
-        # Refused exactly once the spend reached the budget, not before.
-        assert len(paid_before_refusal) >= 2
-        assert paid_before_refusal[-2] < 0.05 <= paid_before_refusal[-1]
+        # Refused once the budget could no longer pay a call's worst case: before the spend passed it, never after.
+        assert len(spent_after) >= 2 and spent_after[-1] <= 0.1
         upstream_calls = len(fake.requests)
 
         # Streaming and the Anthropic dialect are refused the same way, before anything reaches the upstream.
@@ -64,12 +64,13 @@ def test_calls_past_the_budget_are_refused_and_recorded(fake: FakeUpstream) -> N
         assert len(fake.requests) == upstream_calls
 
         h.gateway.flush()
-        records = h.store.calls()
+        records = h.calls()
         refusals = [c for c in records if c.error and c.error.startswith("budget_exhausted")]
         assert len(refusals) == 3 and all(c.status_code == 402 and not c.cost_usd for c in refusals)
         assert sum(c.cost_usd or 0 for c in records) == pytest.approx(limit.spent_usd)
         assert limit.was_refused("r1") and limit.was_refused("r2") and not limit.was_refused("r3")
-        assert h.gateway.state_dict()["spend"]["refused_calls"] == 3
+        state = h.gateway.state_dict()["spend"]
+        assert state["refused_calls"] == 3 and state["reserved_usd"] == 0 and state["in_flight"] == 0
 
 
 def test_spend_from_before_a_resume_counts(fake: FakeUpstream) -> None:
@@ -123,11 +124,8 @@ def test_a_study_stops_at_the_budget_and_a_resume_reruns_the_refused(tmp_path: P
         assert rollout.status == RolloutStatus.cancelled and rollout.reward is None
         assert "budget" in (rollout.error or "")
         assert any((c.error or "").startswith("budget_exhausted") for c in store.calls(rollout.id))
-    paid = [c for c in store.calls() if c.cost_usd]
-    spent = sum(c.cost_usd or 0 for c in paid)
-    # Overshoot is bounded by the calls already in flight when the budget was reached (one per running rollout).
-    per_call = max(c.cost_usd or 0 for c in paid)
-    assert 0.0001 <= spent <= 0.0001 + 4 * per_call
+    # Each call reserved its worst case first: none fitted a budget this small, so nothing was spent past it.
+    assert sum(c.cost_usd or 0 for c in store.calls()) <= 0.0001
     refused_keys = {r.key for r in refused}
     store.close()
 

@@ -87,12 +87,14 @@ def test_serve_refuses_wide_binds_without_an_admin_token_and_bad_flags(tmp_path:
     from agl_cli.main import app
 
     monkeypatch.delenv("AGL_GATEWAY_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("POD_IP", "not-an-address")
     monkeypatch.chdir(tmp_path)
     up = ["--upstream", "local=openai-compatible:http://127.0.0.1:9/v1", "--store", str(tmp_path / "s.sqlite")]
     cases = [
         (["--in-cluster"], "without an admin token"),
         (["--host", "0.0.0.0"], "without an admin token"),
-        (["--in-cluster", "--host", "127.0.0.1", "--admin-token", "t"], "--in-cluster binds 0.0.0.0"),
+        (["--in-cluster", "--admin-token", "t"], "cannot tell this pod's address"),
+        (["--request-timeout", "0"], "--request-timeout must be"),
         (["--port", "70000"], "--port must be"),
         (["--token-ids", "other"], "name upstreams that do not exist"),
     ]

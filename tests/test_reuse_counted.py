@@ -21,7 +21,8 @@ from rl_backend.store.db import RunStore
 from tests.helpers import FIXTURES, REPO, run_agl
 
 SPEND = REPO / "skills" / "agent-lightning" / "scripts" / "spend.py"
-ENV = {"PAID_KEY": UPSTREAM_KEY, "PAID_CALLS": "1"}
+# max_tokens 4, and a price for output only: each call's worst case (what it reserves against a budget) is its cost.
+ENV = {"PAID_KEY": UPSTREAM_KEY, "PAID_CALLS": "1", "PAID_MAX_TOKENS": "4"}
 
 
 def _write(folder: Path, fake: FakeUpstream, n_tasks: int, budget_usd: float | None = None) -> None:
@@ -35,6 +36,7 @@ def _write(folder: Path, fake: FakeUpstream, n_tasks: int, budget_usd: float | N
         "upstreams": {"paid": {"kind": "openai-compatible", "base_url": fake.base_url, "api_key_env": "PAID_KEY",
                              "free": False}},
         "model": "paid/gpt-4o",
+        "prices": {"paid/gpt-4o": {"input": 0.0, "output": 10.0}},
         "concurrency": 2,
     }
     if budget_usd is not None:

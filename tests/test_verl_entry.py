@@ -135,13 +135,16 @@ def test_step_lines_are_the_rows_the_provisioner_streams() -> None:
         assert row["checkpoint"] == "/checkpoints/step-3" and row["updated"] is True
 
 
-def test_a_cluster_gateway_serves_the_policy_once_the_trainer_registers_its_servers(tmp_path: Path) -> None:
+def test_a_cluster_gateway_serves_the_policy_once_the_trainer_registers_its_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In a cluster the policy's servers are verl's rollout replicas, started by the trainer: the gateway (`agl
     gateway serve --in-cluster`) loads no model for the `kind: embedded` upstream, answers 503 until the trainer
     registers the servers' addresses (PUT /admin/upstreams/<name>/endpoints), then forwards there under the model
     name they answer to and records their token ids."""
     from rl_backend.gateway.remote import RemoteGateway
 
+    monkeypatch.setenv("POD_IP", "127.0.0.1")  # the pod's address, as the downward API gives it
     fake = spawn_fast_fake()  # a real OpenAI-compatible server that answers vLLM-style (token ids, logprobs)
     (tmp_path / "agl.yaml").write_text(yaml.safe_dump({"name": "gw", "upstreams": SPEC["upstreams"],
                                                        "model": SPEC["model"]}))

@@ -97,7 +97,8 @@ def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None
             except ValidationError as exc:
                 err = exc.errors()[0]
                 where = doc.line_of((key, name, *err["loc"]))
-                raise ConfigError(f"{spec_path}:{where}: `{key}.{name}`: {err['msg'].removeprefix('Value error, ')}") from None
+                field = ".".join(str(part) for part in (key, name, *err["loc"]))
+                raise ConfigError(f"{spec_path}:{where}: `{field}`: {err['msg'].removeprefix('Value error, ')}") from None
         return parsed
 
     specs = section("upstreams", UpstreamSpec, "name to upstream")
@@ -132,7 +133,8 @@ def serve_command(
     api_key_env: Annotated[Optional[list[str]], typer.Option("--api-key-env", help="NAME=ENV: upstream NAME's key is in $ENV; repeat.")] = None,  # noqa: UP045,E501
     host: Annotated[Optional[str], typer.Option(help="Interface to bind (default 127.0.0.1; beyond loopback needs an admin token).")] = None,  # noqa: UP045,E501
     port: Annotated[int, typer.Option(help="Port to bind (0: any free port; --json prints it).")] = 8090,
-    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Serve pods: bind 0.0.0.0 (an admin token is required); `kind: embedded` upstreams are the policy a trainer serves, whose servers register over the admin API.")] = False,  # noqa: E501
+    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Serve pods: listen on this pod's own addresses ($POD_IPS or $POD_IP, else its host name's) and on loopback, IPv6 included where the pod has it, never on 0.0.0.0 (--host picks one address instead; an admin token is required); `kind: embedded` upstreams are the policy a trainer serves, whose servers register over the admin API.")] = False,  # noqa: E501
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request's head may take to arrive, and the longest pause in its body; past it the connection is closed.")] = 30.0,  # noqa: E501
     admin_token: Annotated[Optional[str], typer.Option(envvar=ADMIN_TOKEN_ENV, show_envvar=True, help="Bearer token for /admin/* (pause, resume, rollouts). Prefer the environment variable.")] = None,  # noqa: UP045,E501
     store: Annotated[Optional[Path], typer.Option(help="The SQLite store calls are recorded in (default .agl/gateway/store.sqlite).")] = None,  # noqa: UP045,E501
     json_output: Annotated[bool, typer.Option("--json", help="When ready, print one JSON document (URL, store, …) on stdout.")] = False,  # noqa: E501
@@ -149,18 +151,29 @@ def serve_command(
     console = stderr_console()
     if port < 0 or port > 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
-    if in_cluster and host not in (None, "0.0.0.0"):
-        raise UsageError("--in-cluster binds 0.0.0.0; leave out --host (or drop --in-cluster)")
-    bind = "0.0.0.0" if in_cluster else (host or "127.0.0.1")
+    if not request_timeout > 0:
+        raise UsageError(f"--request-timeout must be a positive number of seconds, got {request_timeout:g}")
     generated = False
     if not admin_token:
-        if in_cluster or not is_loopback_host(bind):
+        if in_cluster or not is_loopback_host(host or "127.0.0.1"):
             raise UsageError(
-                f"refusing to serve the gateway on {bind} without an admin token: anyone who can reach it could "
-                "register rollouts and pause it",
+                f"refusing to serve the gateway on {host or 'the pod network'} without an admin token: anyone who "
+                "can reach it could register rollouts and pause it",
                 hint=f"export {ADMIN_TOKEN_ENV}=$(openssl rand -hex 24), or pass --admin-token",
             )
         admin_token, generated = secrets.token_urlsafe(24), True  # loopback: a fresh one, shown once below
+    if host is not None:
+        hosts = [host]
+    elif in_cluster:
+        from rl_backend.gateway.listen import NoPodAddress, pod_hosts
+
+        try:
+            hosts = pod_hosts(os.environ)
+        except NoPodAddress as exc:
+            raise UsageError(str(exc), hint="set POD_IP from the downward API (fieldRef: status.podIP), or pass "
+                             "--host with the address to listen on") from None
+    else:
+        hosts = ["127.0.0.1"]
     specs: dict[str, UpstreamSpec] = {}
     declared_model = None
     prices: dict[str, PriceSpec] = {}
@@ -187,7 +200,7 @@ def serve_command(
                                         policy=policy, token_ids=token_ids or [], key_envs=key_envs,
                                         log=console.print) as started:
             ready: dict[str, Any] = {"store": str(store_path.resolve()), "upstreams": sorted(started.resolved),
-                                     "default_model": default_model, "pid": os.getpid()}
+                                     "default_model": default_model, "pid": os.getpid(), "listen": hosts}
             if generated:
                 ready["admin_token"] = admin_token
 
@@ -200,15 +213,18 @@ def serve_command(
                     if generated:
                         console.print(f"admin token (generated; set {ADMIN_TOKEN_ENV} to choose one): {admin_token}")
 
-            summary = _serve(started.resolved, store_path, default_model, admin_token, bind, port, announce, prices)
+            summary = _serve(started.resolved, store_path, default_model, admin_token, hosts, port, announce, prices,
+                             request_timeout)
     except resolver.UpstreamSetupError as exc:
         raise ConfigError(str(exc), hint=exc.hint) from None
     console.print(f"gateway stopped: {summary['calls_recorded']} calls recorded in {store_path}")
 
 
 def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_model: str | None, admin_token: str,
-           host: str, port: int, announce: Any, prices: dict[str, PriceSpec]) -> dict[str, Any]:
-    """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM."""
+           hosts: list[str], port: int, announce: Any, prices: dict[str, PriceSpec],
+           request_timeout: float) -> dict[str, Any]:
+    """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM, listening on every
+    address of `hosts`, on one port."""
     import logging
     import signal
 
@@ -226,19 +242,22 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         from rl_backend.gateway.coalescing_http import CoalescingHttpToolsProtocol
+        from rl_backend.gateway.http_guard import guarded
+        from rl_backend.gateway.listen import bind_sockets
 
         config = uvicorn.Config(
-            gateway.app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+            gateway.app, port=port, log_level="warning", access_log=False, lifespan="on",
             timeout_graceful_shutdown=10, timeout_keep_alive=30, backlog=4096,
-            http=CoalescingHttpToolsProtocol,  # a response's head and body leave in one write
+            # A response's head and body leave in one write; a request must arrive in time.
+            http=guarded(request_timeout, CoalescingHttpToolsProtocol),
             proxy_headers=False,  # nothing here reads the client address: skip that middleware
         )
         try:
-            sock = config.bind_socket()
-        except (OSError, SystemExit) as exc:
-            raise ConfigError(f"cannot bind {host}:{port}: {exc}") from None
-        shown = f"[{host}]" if ":" in host else host
-        gateway.base_url = f"http://{shown}:{sock.getsockname()[1]}"
+            socks = bind_sockets(hosts, port)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {', '.join(hosts)} port {port}: {exc}") from None
+        shown = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
+        gateway.base_url = f"http://{shown}:{socks[0].getsockname()[1]}"
 
         class _Server(uvicorn.Server):
             async def startup(self, sockets: list[Any] | None = None) -> None:
@@ -250,7 +269,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
         # no-ops, so this process closes its store and exits normally instead of dying there.
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            _Server(config).run(sockets=[sock])
+            _Server(config).run(sockets=socks)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

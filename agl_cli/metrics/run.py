@@ -56,6 +56,7 @@ def measure_run(store: RunStore, planned_keys: dict[str, list[str]], *, k: int =
                 pass_threshold: float = DEFAULT_PASS_THRESHOLD) -> list[VariantMetrics]:
     """`planned_keys`: variant name -> the rollout keys the run planned for it (its denominator)."""
     latest = store.rollouts(latest_only=True)
+    every = store.rollouts()  # earlier attempts too: their calls were paid for
     totals = store.call_totals_by_rollout()
     uses = store.model_use_by_rollout()
     variants = store.variants()
@@ -64,7 +65,8 @@ def measure_run(store: RunStore, planned_keys: dict[str, list[str]], *, k: int =
         wanted = set(keys)
         mine = [r for r in latest if r.key in wanted]
         result.append(measure(name, mine, totals, planned=len(keys), uses=uses,
-                              knobs=variants.get(name, {}).get("knobs", {}), k=k, pass_threshold=pass_threshold))
+                              knobs=variants.get(name, {}).get("knobs", {}), k=k, pass_threshold=pass_threshold,
+                              attempts=[r for r in every if r.key in wanted]))
     return result
 
 

@@ -6,8 +6,9 @@ report tabulates and plots, what `agl optimize` ranks and constrains.
 - wrong: scored rollouts below the pass threshold (rl_backend.rewards); pass^k: the share of tasks whose k seeds
   all passed (n = tasks with k scored seeds), with a Wilson interval;
 - errors: agent errors and timeouts among the finished rollouts, with a Wilson interval; latency p50 and p95;
-- tokens and calls; cost: the total, and the mean per finished rollout with its interval, both unknown (None)
-  when a call has no price (`unpriced_calls` says how many);
+- tokens and calls; cost: the total of every recorded call (a rollout the budget stopped, or an earlier attempt
+  of one, was paid for too), and the mean per finished rollout with its interval, both unknown (None) when a call
+  has no price (`unpriced_calls` says how many);
 - the models that served the calls, with a warning when the agent asked for another.
 """
 
@@ -120,11 +121,12 @@ def _pass_k(scored: list[tuple[str, float]], k: int, threshold: float) -> Estima
 def measure(
     name: str, rollouts: list[Rollout], totals: Mapping[str, CallTotals], *, planned: int | None = None,
     uses: Mapping[str, list[ModelUse]] | None = None, knobs: dict[str, Any] | None = None, k: int = 1,
-    pass_threshold: float = DEFAULT_PASS_THRESHOLD,
+    pass_threshold: float = DEFAULT_PASS_THRESHOLD, attempts: list[Rollout] | None = None,
 ) -> VariantMetrics:
     """The metrics of one variant over `rollouts` (the latest attempt of each; those still running count as not
     finished). `planned`: how many rollouts it should have (default: those finished), so that unrun ones count as
-    missing; `k`: the seeds per task pass^k asks for."""
+    missing; `k`: the seeds per task pass^k asks for; `attempts`: every attempt of these rollouts (default:
+    `rollouts`), whose calls the totals of calls, tokens and cost count, whatever became of them."""
     finished = [r for r in rollouts if r.status.terminal]
     scored = [(r.task_id, float(reward)) for r in finished if (reward := r.reward) is not None]
     planned = len(finished) if planned is None else planned
@@ -135,7 +137,7 @@ def measure(
     timeouts = sum(1 for r in finished if r.status == RolloutStatus.timed_out)
     bad = errors + timeouts
     durations = [d for r in finished if (d := r.duration_s) is not None]
-    used = totals_of(finished, totals)
+    used = totals_of(rollouts if attempts is None else attempts, totals)
     tasks = [r.task_id for r in finished]
     return VariantMetrics(
         name=name,

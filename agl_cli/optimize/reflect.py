@@ -219,6 +219,14 @@ class ReflectSearch:
         reply = self._client.ask(record.scope, build_request(self.knob, parent_text, transcripts))
         used = self.store.call_totals_by_rollout().get(record.scope)
         record.cost_usd = 0.0 if used is None else used.cost_usd
+        gateway = self.executor.runner.services.gateway
+        ceiling = gateway.spend_limit if gateway is not None else None
+        if reply.text is None and ceiling is not None and ceiling.was_refused(record.scope):
+            # The budget could not pay this call's worst case: a budget stop, not a rejected proposal (unsaved, so a
+            # resume with more budget asks again).
+            self.budget_hit = True
+            self.stopped = f"the budget could not pay for proposal {n}"
+            return None
         if reply.text is None:
             record.status, record.reason = "rejected", f"the proposer call failed: {reply.error}"
             return record

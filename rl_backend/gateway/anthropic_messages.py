@@ -13,6 +13,7 @@ from typing import Any
 from rl_backend.gateway.errors import Dialect, error_body
 from rl_backend.gateway.exchange import (
     Exchange,
+    ImpossibleUsage,
     bad_request,
     check_common,
     check_fields,
@@ -52,16 +53,21 @@ class MessageAccumulator:
         self.json_parts: dict[int, list[str]] = {}
         self.done = False
         self.error: str | None = None
+        self.keep = True  # False once the stream outgrew what the record keeps: the blocks' text no longer grows
 
     def add(self, data: Mapping[str, Any]) -> bool:
         """Fold one event in; True when it carried generated content."""
         kind = data.get("type")
         if kind == "message_start" and isinstance(data.get("message"), dict):
-            self.message = dict(data["message"])
-            self.usage = dict(self.message.get("usage") or {})
+            message = dict(data["message"])
+            usage = message.get("usage") or {}
+            usage_from_anthropic(usage)  # usage that cannot be true fails the stream here, before it is kept
+            self.message, self.usage = message, dict(usage)
         elif kind == "content_block_start" and isinstance(data.get("content_block"), dict):
             self.blocks[int(data.get("index") or 0)] = dict(data["content_block"])
         elif kind == "content_block_delta":
+            if not self.keep:
+                return True
             index = int(data.get("index") or 0)
             block = self.blocks.setdefault(index, {"type": "text", "text": ""})
             delta = data.get("delta") or {}
@@ -80,7 +86,12 @@ class MessageAccumulator:
         elif kind == "message_delta":
             for key, value in (data.get("delta") or {}).items():
                 self.message[key] = value
-            self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
+            update = data.get("usage") or {}
+            if not isinstance(update, dict):
+                raise ImpossibleUsage(f"usage is {type(update).__name__}, not an object")
+            usage = {**self.usage, **{k: v for k, v in update.items() if v is not None}}
+            usage_from_anthropic(usage)
+            self.usage = usage
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
@@ -154,6 +165,9 @@ class MessagesExchange(AnthropicExchange):
 
     def stream_complete(self) -> bool:
         return self.acc.done
+
+    def _stop_keeping(self) -> None:
+        self.acc.keep = False
 
     def collect(self) -> None:
         self.outcome.response = self.acc.result()

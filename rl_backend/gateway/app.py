@@ -29,9 +29,11 @@ from rl_backend.gateway.budget import SpendLimit
 from rl_backend.gateway.config import ResolvedUpstream
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
+from rl_backend.gateway.http_guard import REQUEST_TIMEOUT_S, guarded
 from rl_backend.gateway.httpio import dialect_of, parse_json_object, presented_token, read_json_object
 from rl_backend.gateway.ids import check_rollout_id, shown_id
 from rl_backend.gateway.knobs import knobs_for_call, validate_knobs
+from rl_backend.gateway.oversize import KEEP_BYTES
 from rl_backend.gateway.pricing import DeclaredPrice, PriceTable
 from rl_backend.gateway.proxy import GatewayState, ProxyCall, Services
 from rl_backend.gateway.routing import Router
@@ -82,6 +84,7 @@ class Gateway:
         durable_before_reply: bool = True,
         pause_retry_after_s: float = 2.0,
         spend_limit: SpendLimit | None = None,
+        keep_response_bytes: int = KEEP_BYTES,  # of an answer, what a record keeps; the agent still gets all of it
     ) -> None:
         self.router = Router(upstreams, default_model)
         self.store = store
@@ -100,6 +103,7 @@ class Gateway:
             state=self.state,
             durable_before_reply=durable_before_reply,
             spend=spend_limit,
+            keep_bytes=keep_response_bytes,
         )
         self._rollouts: dict[str, RolloutEntry] = {}
         self._secrets = tuple(u.api_key for u in upstreams.values() if u.api_key)
@@ -386,13 +390,15 @@ def _unpriced(upstream: str, model: str) -> GatewayError:
     )
 
 
-def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> ServerThread:
-    """Serve the gateway on a background thread; returns the started server (its .base_url)."""
+def start_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 0, *,
+                  request_timeout_s: float = REQUEST_TIMEOUT_S) -> ServerThread:
+    """Serve the gateway on a background thread; returns the started server (its .base_url). A request's head, and
+    each pause in its body, may take `request_timeout_s` at most (http_guard.py)."""
     if not is_loopback_host(host) and not gateway.admin_token:
         raise ValueError(
             f"refusing to serve the gateway on {host!r}: beyond loopback it needs an admin token "
             "(Gateway(..., admin_token=...))"
         )
-    server = ServerThread(gateway.app, host, port).start()
+    server = ServerThread(gateway.app, host, port, http=guarded(request_timeout_s)).start()
     gateway.base_url = server.base_url
     return server

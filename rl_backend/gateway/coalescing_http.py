@@ -1,5 +1,5 @@
-"""uvicorn's httptools protocol with one change: what the app writes during one turn of the event loop leaves in one
-send.
+"""uvicorn's httptools protocol, with the request time limits of http_guard.py, and one change: what the app writes
+during one turn of the event loop leaves in one send.
 
 uvicorn writes a response's head as soon as the app sends `http.response.start`, and its body at
 `http.response.body`: two system calls, and two wake-ups of the agent reading the answer. On loopback those cost
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from rl_backend.gateway.http_guard import GuardedHttpToolsProtocol
 
 
 class CoalescingTransport:
@@ -51,6 +51,6 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+class CoalescingHttpToolsProtocol(GuardedHttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 UpstreamKind = Literal["embedded", "openai", "anthropic", "openai-compatible", "replay"]
 # The key the servers of a trained policy require when set (the trainer gives it to them; the gateway sends it).
@@ -30,7 +32,16 @@ class UpstreamSpec(BaseModel):
         description="the environment variable holding its API key (default OPENAI_API_KEY / ANTHROPIC_API_KEY); "
         "agents never see it",
     )
-    timeout_s: float = Field(default=600.0, description="seconds to wait for the upstream's answer")
+    timeout_s: float = Field(
+        default=600.0, gt=0,
+        description="seconds one call may take in all, retries and a streamed answer included: an answer that has "
+        "not ended by then fails (504, or an error event in a stream already started)",
+    )
+    idle_timeout_s: float | None = Field(
+        default=None, gt=0,
+        description="seconds the upstream may stay silent, before its first byte or between two parts of an answer, "
+        "before the call fails; default: `timeout_s`",
+    )
     path: str | None = Field(default=None, description="replay: the JSONL recording to answer from")
     api: Literal["openai", "anthropic"] | None = Field(default=None, description="replay: the API the recording speaks")
     record_to: str | None = Field(default=None, description="append every response of this upstream to a JSONL file")
@@ -78,6 +89,28 @@ class UpstreamSpec(BaseModel):
         return []
 
 
+# No model costs anywhere near this per 1M tokens (the dearest list prices are a few hundred USD): a price above it
+# is a typo or a unit mix-up (per token, per 1K), and would make every cost and budget check meaningless.
+MAX_PRICE_PER_M = 10_000.0
+
+
+def check_price(value: Any) -> float:
+    """A price in USD per 1M tokens: a finite number from 0 to MAX_PRICE_PER_M (a numeric string is read as its
+    number). ValueError saying what is wrong: `true` is not a price of 1, `.inf` is not "unpriced", 1e308 is no
+    price."""
+    if isinstance(value, str):  # YAML 1.1 reads `1e-6` (no dot) as a string: a number all the same
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"a price must be a number of USD per 1M tokens, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or number > MAX_PRICE_PER_M:
+        raise ValueError(
+            f"a price must be a finite number of USD per 1M tokens from 0 to {MAX_PRICE_PER_M:,.0f}, got {value!r}"
+        )
+    return number
+
+
 class PriceSpec(BaseModel):
     """One entry of `prices:` in agl.yaml: what a model costs, in USD per 1M tokens."""
 
@@ -92,6 +125,11 @@ class PriceSpec(BaseModel):
         default=None, ge=0, description="USD per 1M input tokens written to the prompt cache (Anthropic); default: `input`"
     )
 
+    @field_validator("input", "output", "cached_input", "cache_write", mode="before")
+    @classmethod
+    def _finite_price(cls, value: Any) -> Any:
+        return value if value is None else check_price(value)
+
     def table_entry(self) -> dict[str, float]:
         return self.model_dump(exclude_none=True)
 
@@ -104,7 +142,8 @@ class ResolvedUpstream(BaseModel):
     base_urls: list[str]
     api_key: str | None = Field(default=None, repr=False)
     default_model: str | None = None
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # the whole call, retries and a streamed answer included
+    idle_timeout_s: float | None = None  # the longest silence (default: timeout_s)
     # vLLM-style servers (vLLM itself, the embedded server) return token ids and logprobs when asked.
     returns_token_ids: bool = False
     # Whether calls cost nothing per token (a model we serve ourselves). None: decided by the gateway, which counts

@@ -40,6 +40,9 @@ class Exchange(ABC):
     dialect: Dialect
     path: str  # upstream path, appended to the replica's base URL
     asks_token_ids: ClassVar[bool] = True  # whether a vLLM-style upstream returns token ids for this API
+    # Whether the agent gets the upstream's own bytes (so an answer too big to hold can pass through unread), not a
+    # translation of them.
+    passes_through: ClassVar[bool] = True
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
         """Check the agent's request (GatewayError 400), then make the request as recorded: a copy naming the
@@ -51,6 +54,7 @@ class Exchange(ABC):
         self.token_ids = token_ids and self.asks_token_ids
         self.outcome = Outcome()
         self.output_started = False  # set by process_event at the first generated content (for ttft)
+        self.keep_limit: int | None = None  # set when the answer outgrew what the record keeps (oversize.py)
         request = dict(body)
         request["model"] = route.model
         self.knobs_applied = apply_knobs(self.api, request, knobs)
@@ -93,6 +97,18 @@ class Exchange(ABC):
 
     def collect(self) -> None:  # noqa: B027 - an optional hook: most adapters fill the outcome event by event
         """Fill the outcome from what a stream delivered (also a stream cut short)."""
+
+    def stop_keeping(self, limit: int) -> None:
+        """The answer passed `limit` bytes: from now on keep only what is small (usage, model, finish reasons)."""
+        self.keep_limit = limit
+        self._stop_keeping()
+
+    def _stop_keeping(self) -> None:  # noqa: B027 - adapters that collect a stream's text override it
+        """Stop collecting the stream's text, token ids and logprobs."""
+
+    def usage_of(self, usage: Any) -> Usage:
+        """Usage as the upstream's API words it (ImpossibleUsage when it cannot be true)."""
+        return usage_from_anthropic(usage) if self.route.upstream.api == "anthropic" else usage_from_openai(usage)
 
     def error_from_upstream(self, status: int, body: bytes, content_type: str) -> tuple[bytes, str]:
         """The body and content type the agent gets for an upstream error status; translators reshape it."""
@@ -165,34 +181,78 @@ def check_common(body: dict[str, Any]) -> None:
 
 # -- usage --------------------------------------------------------------------------------------------------------
 
+# More tokens than any model reads or writes in one call (the longest context windows hold about 10M): a count above
+# this is no usage but a broken or hostile upstream.
+ABSURD_TOKENS = 100_000_000
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+class ImpossibleUsage(ValueError):
+    """Token counts that cannot be true (negative, fractional, not numbers, absurdly large, parts above their whole):
+    an upstream error on that call. Counted as money they would make a cost negative, and a budget no ceiling."""
+
+
+def _count(usage: dict[str, Any], key: str, where: str = "usage") -> int | None:
+    value = usage.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ImpossibleUsage(f"{where}.{key} is {value!r}, not a count of tokens")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ImpossibleUsage(f"{where}.{key} is {value!r}, not a whole number of tokens")
+        value = int(value)
+    if value < 0:
+        raise ImpossibleUsage(f"{where}.{key} is {value}, a negative number of tokens")
+    if value > ABSURD_TOKENS:
+        raise ImpossibleUsage(f"{where}.{key} is {value}, more tokens than any model handles in one call")
+    return value
+
+
+def _details(usage: dict[str, Any], *keys: str) -> tuple[dict[str, Any], str]:
+    for key in keys:
+        value = usage.get(key)
+        if isinstance(value, dict):
+            return value, f"usage.{key}"
+        if value is not None:
+            raise ImpossibleUsage(f"usage.{key} is {value!r}, not an object")
+    return {}, "usage"
+
+
+def _part(part: int | None, whole: int | None, what: str) -> None:
+    if part is not None and whole is not None and part > whole:
+        raise ImpossibleUsage(f"{what}: {part} of {whole}, a part larger than its whole")
 
 
 def usage_from_openai(usage: Any) -> Usage:
-    """Chat/completions (prompt_tokens…) and responses (input_tokens…) usage alike."""
-    if not isinstance(usage, dict):
+    """Chat/completions (prompt_tokens…) and responses (input_tokens…) usage alike. No usage is unknown usage (all
+    None); usage that cannot be true raises ImpossibleUsage."""
+    if usage is None:
         return Usage()
-    inp = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
-    out = _int(usage.get("completion_tokens", usage.get("output_tokens")))
-    in_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    out_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
-    cached = _int(in_details.get("cached_tokens")) if isinstance(in_details, dict) else None
-    reasoning = _int(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else None
+    if not isinstance(usage, dict):
+        raise ImpossibleUsage(f"usage is {type(usage).__name__}, not an object")
+    inp = _count(usage, "prompt_tokens" if "prompt_tokens" in usage else "input_tokens")
+    out = _count(usage, "completion_tokens" if "completion_tokens" in usage else "output_tokens")
+    in_details, in_where = _details(usage, "prompt_tokens_details", "input_tokens_details")
+    out_details, out_where = _details(usage, "completion_tokens_details", "output_tokens_details")
+    cached = _count(in_details, "cached_tokens", in_where)
+    reasoning = _count(out_details, "reasoning_tokens", out_where)
+    _part(cached, inp, "cached input tokens")
+    _part(reasoning, out, "reasoning tokens among the output tokens")
     return Usage(input_tokens=inp, output_tokens=out, cached_tokens=cached, reasoning_tokens=reasoning)
 
 
 def usage_from_anthropic(usage: Any) -> Usage:
     """Anthropic counts cache reads and writes apart from input_tokens; we fold them in (OpenAI's convention)."""
-    if not isinstance(usage, dict):
+    if usage is None:
         return Usage()
-    base = _int(usage.get("input_tokens"))
-    read = _int(usage.get("cache_read_input_tokens")) or 0
-    written = _int(usage.get("cache_creation_input_tokens")) or 0
+    if not isinstance(usage, dict):
+        raise ImpossibleUsage(f"usage is {type(usage).__name__}, not an object")
+    base = _count(usage, "input_tokens")
+    read = _count(usage, "cache_read_input_tokens") or 0
+    written = _count(usage, "cache_creation_input_tokens") or 0
     return Usage(
         input_tokens=None if base is None else base + read + written,
-        output_tokens=_int(usage.get("output_tokens")),
+        output_tokens=_count(usage, "output_tokens"),
         cached_tokens=read,
         cache_write_tokens=written,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_backend.gateway.exchange import Exchange
+from rl_backend.gateway.oversize import TRUNCATED, truncation_note
 from rl_backend.gateway.pricing import PriceTable
 from rl_backend.store.records import CallRecord
 
@@ -25,19 +26,24 @@ class Ending:
     failure_body: dict[str, Any] | None
     ttft_s: float | None
     model_version: str | None  # the gateway's current one, for upstreams that report none
+    answered: bool = False  # the upstream began a 2xx answer (so it may have billed, whatever usage says)
+    received_bytes: int = 0  # of the answer's body, as the upstream sent it
 
 
 def build_record(ex: Exchange, end: Ending, prices: PriceTable) -> CallRecord:
     if ex.stream:
         ex.collect()
     out = ex.outcome
+    if ex.keep_limit is not None:  # the answer outgrew what a record keeps: say so, and keep no partial token ids
+        out.response = {**(out.response or {}), TRUNCATED: truncation_note(ex.keep_limit, end.received_bytes)}
+        out.completion_token_ids = out.logprobs = None
     error = end.error
     if out.error and not error:
         error = f"upstream_error_event: {out.error}"
     usage = out.usage
-    if usage.input_tokens is None and end.status is not None and end.status >= 400:
-        cost: float | None = 0.0  # a refused call is not billed
-    else:
+    if usage.input_tokens is None and end.status is not None and end.status >= 400 and not end.answered:
+        cost: float | None = 0.0  # refused, or never answered: not billed
+    else:  # None (unknown) when the upstream answered but its usage never came, or came impossible
         cost = prices.cost(ex.route.upstream, [ex.route.model, out.upstream_model], usage)
     # Every value below already has its field's type: skip pydantic's validation on the hot path.
     return CallRecord.model_construct(

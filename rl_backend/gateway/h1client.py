@@ -7,7 +7,8 @@ llhttp (the C parser uvicorn also uses) doing the HTTP parsing, chunked decoding
 
 Errors: `ConnectError` (no connection; `ConnectTimeout` included) and `NoResponse` (the connection broke before
 the response head) mean the upstream never answered this request, so the caller may retry; `ReadTimeout` is no
-byte for `timeout` seconds; any other `HTTPError` is a connection that broke mid-answer or spoke bad HTTP.
+byte for `timeout` seconds, `DeadlinePassed` an answer still unfinished at the call's `deadline` (a stream that
+never ends); any other `HTTPError` is a connection that broke mid-answer or spoke bad HTTP.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ class NoResponse(HTTPError):
 
 class ReadTimeout(HTTPError):
     """No byte of the response within the read timeout."""
+
+
+class DeadlinePassed(ReadTimeout):
+    """The response had not ended by the call's deadline, however steadily it came."""
+
+
+def next_wait(timeout: float, deadline: float | None) -> float:
+    """How long to wait for the next byte: the read timeout, or less when the deadline comes first."""
+    return timeout if deadline is None else max(min(timeout, deadline - time.monotonic()), 0.0)
+
+
+def deadline_passed(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
 
 
 @dataclass(frozen=True)
@@ -217,14 +231,17 @@ def _cause(exc: BaseException | None) -> str:
 
 class BodyStream:
     """A response body read as its source delivers it: a connection here, an in-process call in transport.py. The
-    source has `chunks`, `take()`, `complete`, `error` and `wait(timeout)` (ReadTimeout after that much silence)."""
+    source has `chunks`, `take()`, `complete`, `error` and `wait(timeout)` (ReadTimeout after that much silence).
+    With a `_deadline` (time.monotonic), a body still unfinished then raises DeadlinePassed."""
 
     _source: Any
     _timeout: float
+    _deadline: float | None = None
     _decoder: Any = None
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         source = self._source
+        deadline = self._deadline
         while True:
             if source.chunks:
                 data = source.take()
@@ -234,7 +251,14 @@ class BodyStream:
             elif source.error is not None:
                 raise source.error
             else:
-                await source.wait(self._timeout)
+                try:
+                    await source.wait(next_wait(self._timeout, deadline))
+                except ReadTimeout:
+                    if deadline_passed(deadline):
+                        raise DeadlinePassed("the answer had not ended by the call's deadline") from None
+                    raise
+            if deadline_passed(deadline) and not source.complete:  # an answer that keeps coming is no answer either
+                raise DeadlinePassed("the answer had not ended by the call's deadline")
 
     async def aread(self) -> bytes:
         parts = [chunk async for chunk in self.aiter_bytes()]
@@ -244,9 +268,10 @@ class BodyStream:
 class Response(BodyStream):
     """An upstream response whose head has arrived; read its body with `aread()` or `aiter_bytes()`, then close."""
 
-    def __init__(self, conn: _Connection, timeout: float) -> None:
+    def __init__(self, conn: _Connection, timeout: float, deadline: float | None = None) -> None:
         self._source = conn
         self._timeout = timeout
+        self._deadline = deadline
         self._closed = False
         self.status_code = conn.status
         headers: dict[str, str] = {}
@@ -339,8 +364,9 @@ class H1Pool:
             idle.remove(conn)
 
     async def post(self, url: str, headers: dict[str, str], body: bytes, *, timeout: float,
-                   connect_timeout: float) -> Response:
-        """Send a POST; returns once the response head is in (its body still streaming in)."""
+                   connect_timeout: float, deadline: float | None = None) -> Response:
+        """Send a POST; returns once the response head is in (its body still streaming in). `timeout`: the longest
+        silence; `deadline` (time.monotonic): when the whole answer must have ended."""
         origin, path = split_url(url)
         # No compression asked for (a compressed answer is still decoded); the body length is always known.
         head = [f"POST {path} HTTP/1.1\r\nhost: {origin.host_header}\r\n{_FIXED_HEADERS}"]
@@ -359,7 +385,12 @@ class H1Pool:
             conn.transport.write(message)
             try:
                 while not conn.head_done:
-                    await conn.wait(timeout)
+                    try:
+                        await conn.wait(next_wait(timeout, deadline))
+                    except ReadTimeout:
+                        if deadline_passed(deadline):
+                            raise DeadlinePassed("no answer by the call's deadline") from None
+                        raise
             except NoResponse:
                 if reused:  # the server closed this idle connection as we sent: it never saw the request
                     continue
@@ -367,7 +398,7 @@ class H1Pool:
             except BaseException:
                 conn._abort()  # cancelled or timed out: the upstream sees the connection close
                 raise
-            return Response(conn, timeout)
+            return Response(conn, timeout, deadline)
 
     async def aclose(self) -> None:
         self._closed = True

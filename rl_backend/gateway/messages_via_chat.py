@@ -31,6 +31,7 @@ from rl_backend.store.records import Api
 
 class MessagesViaChatExchange(AnthropicExchange):
     path = "/chat/completions"
+    passes_through = False  # the agent gets a translation: an answer is read whole to be translated
 
     def __init__(self, body: dict[str, Any], route: Route, *, token_ids: bool, knobs: Mapping[str, Any]) -> None:
         super().__init__(body, route, token_ids=token_ids, knobs=knobs)
@@ -165,6 +166,9 @@ class MessagesViaChatExchange(AnthropicExchange):
         out.append(self._emit("message_delta", {"delta": delta, "usage": anthropic_usage(self.chat_acc.usage)}))
         out.append(self._emit("message_stop", {}))
         return out
+
+    def _stop_keeping(self) -> None:
+        self.chat_acc.keep = self.msg_acc.keep = False
 
     def collect(self) -> None:
         self.outcome.response = self.msg_acc.result()

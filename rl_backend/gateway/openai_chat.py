@@ -92,6 +92,7 @@ class ChatAccumulator:
         self.usage: dict[str, Any] | None = None
         self.prompt_token_ids: list[int] | None = None
         self.model_version: str | None = None
+        self.keep = True  # False once the stream outgrew what the record keeps: text, ids, logprobs no longer grow
 
     def add(self, chunk: Mapping[str, Any]) -> bool:
         """Fold one chunk in; True when it carried generated output. (Called for every stream event: kept lean.)"""
@@ -101,7 +102,8 @@ class ChatAccumulator:
                 if key not in head and chunk.get(key) is not None:
                     head[key] = chunk[key]
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None:
+            usage_from_openai(usage)  # usage that cannot be true fails the stream here, before it is kept
             self.usage = usage
         if self.prompt_token_ids is None and "prompt_token_ids" in chunk:
             self.prompt_token_ids = int_list(chunk["prompt_token_ids"])
@@ -121,6 +123,10 @@ class ChatAccumulator:
             delta = choice.get("delta") or {}
             if delta.get("role"):
                 state["role"] = delta["role"]
+            if choice.get("finish_reason"):
+                state["finish"] = choice["finish_reason"]
+            if not self.keep:
+                continue
             content = delta.get("content")
             if content and isinstance(content, str):
                 state["content"].append(content)
@@ -141,8 +147,6 @@ class ChatAccumulator:
                     slot["name"] += fn["name"]
                 if fn.get("arguments"):
                     slot["arguments"].append(fn["arguments"])
-            if choice.get("finish_reason"):
-                state["finish"] = choice["finish_reason"]
             lp = choice.get("logprobs")
             if isinstance(lp, dict) and isinstance(lp.get("content"), list):
                 state["lp"].extend(lp["content"])
@@ -303,6 +307,9 @@ class ChatExchange(OpenAIExchange):
     def _fold(self, chunk: dict[str, Any]) -> None:
         if self.acc.add(chunk):
             self.output_started = True
+
+    def _stop_keeping(self) -> None:
+        self.acc.keep = False
 
     def collect(self) -> None:
         self.outcome.response = self.acc.result()

@@ -51,6 +51,7 @@ class CompletionsExchange(OpenAIExchange):
         self.head: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: dict[str, Any] | None = None
+        self.keep = True  # False once the stream outgrew what the record keeps
         self.model_version: str | None = None
 
     @staticmethod
@@ -72,7 +73,8 @@ class CompletionsExchange(OpenAIExchange):
         for key in ("id", "created", "model"):
             if chunk.get(key) is not None and key not in self.head:
                 self.head[key] = chunk[key]
-        if isinstance(chunk.get("usage"), dict):
+        if chunk.get("usage") is not None:
+            usage_from_openai(chunk["usage"])  # usage that cannot be true fails the stream here, before it is kept
             self.usage = chunk["usage"]
         if isinstance(chunk.get("model_version"), str):
             self.model_version = chunk["model_version"]
@@ -83,11 +85,13 @@ class CompletionsExchange(OpenAIExchange):
                 int(choice.get("index") or 0),
                 {"text": [], "finish": None, "tokens": [], "lps": [], "ids": [], "prompt_ids": None},
             )
+            if choice.get("finish_reason"):
+                state["finish"] = choice["finish_reason"]
+            if not self.keep:
+                continue
             if isinstance(choice.get("text"), str) and choice["text"]:
                 state["text"].append(choice["text"])
                 self.output_started = True
-            if choice.get("finish_reason"):
-                state["finish"] = choice["finish_reason"]
             lp = choice.get("logprobs")
             if isinstance(lp, dict):
                 state["tokens"].extend(lp.get("tokens") or [])
@@ -95,6 +99,9 @@ class CompletionsExchange(OpenAIExchange):
             state["ids"].extend(int_list(choice.get("token_ids")) or [])
             if state["prompt_ids"] is None:
                 state["prompt_ids"] = int_list(choice.get("prompt_token_ids"))
+
+    def _stop_keeping(self) -> None:
+        self.keep = False
 
     def collect(self) -> None:
         out = self.outcome

@@ -79,11 +79,13 @@ class ResponsesExchange(Exchange):
         if isinstance(data.get("sequence_number"), int):
             self.last_sequence = data["sequence_number"]
         if kind == "response.output_text.delta" and isinstance(data.get("delta"), str):
-            self.partial.append(data["delta"])
+            if self.keep_limit is None:
+                self.partial.append(data["delta"])
             self.output_started = True
         elif isinstance(kind, str) and kind.endswith(".delta"):
             self.output_started = True
         elif kind in TERMINAL and isinstance(data.get("response"), dict):
+            usage_from_openai(data["response"].get("usage"))  # usage that cannot be true fails the stream here
             self.final = data["response"]
         elif kind == "error":
             self.outcome.error = str(data.get("message") or data.get("error") or "error event")
@@ -95,7 +97,8 @@ class ResponsesExchange(Exchange):
     def collect(self) -> None:
         if self.final is not None:
             error = self.outcome.error
-            self._finish(self.final)
+            final = self.final if self.keep_limit is None else {k: v for k, v in self.final.items() if k != "output"}
+            self._finish(final)
             self.outcome.error = self.outcome.error or error
         else:  # cut short: keep the text that did arrive
             self.outcome.response = {"object": "response", "status": "incomplete", "output_text": "".join(self.partial)}

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from rl_backend.gateway.config import PriceSpec, ResolvedUpstream
+from rl_backend.gateway.config import PriceSpec, ResolvedUpstream, check_price
 from rl_backend.netaddr import is_loopback_url
 
 # A declared price as agl.yaml's `prices:` gives it, or as a mapping with the same keys.
@@ -46,12 +46,13 @@ class Price:
                 f"price for {name!r} needs `input` and `output` (USD per 1M tokens), optionally `cached_input` and "
                 f"`cache_write`; got keys {sorted(raw)}"
             )
-        return cls(
-            input=float(raw["input"]),
-            output=float(raw["output"]),
-            cached_input=None if raw.get("cached_input") is None else float(raw["cached_input"]),
-            cache_write=None if raw.get("cache_write") is None else float(raw["cache_write"]),
-        )
+        values: dict[str, float | None] = {}
+        for key in ("input", "output", "cached_input", "cache_write"):
+            try:
+                values[key] = None if raw.get(key) is None else check_price(raw[key])
+            except ValueError as exc:
+                raise ValueError(f"price for {name!r}, `{key}`: {exc}") from None
+        return cls(**values)  # type: ignore[arg-type]
 
 
 def _load_shipped() -> dict[str, Price]:
@@ -121,6 +122,17 @@ class PriceTable:
     def knows(self, upstream: ResolvedUpstream, model: str | None) -> bool:
         """Whether a call of `model` on `upstream` will have a cost (free, or priced), before making it."""
         return self.is_free(upstream, [model]) or self._priced(upstream, [model])[0] is not None
+
+    def most(self, upstream: ResolvedUpstream, model: str | None, input_tokens: int, output_tokens: int) -> float | None:
+        """USD a call of `model` costs at most with these many tokens: every input token at the dearest input rate
+        (plain, cached or cache write), every output token at the output rate; 0 when free, None when unpriced."""
+        if self.is_free(upstream, [model]):
+            return 0.0
+        price, _ = self._priced(upstream, [model])
+        if price is None:
+            return None
+        rates = [r for r in (price.input, price.cached_input, price.cache_write) if r is not None]
+        return (input_tokens * max(rates) + output_tokens * price.output) / 1e6
 
     def cost(self, upstream: ResolvedUpstream, models: list[str | None], usage: Usage) -> float | None:
         """USD for this usage; 0 for a free upstream; None when no model has a price or the usage is unknown."""

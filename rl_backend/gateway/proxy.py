@@ -15,19 +15,20 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit
+from rl_backend.gateway.budget import REFUSAL_CODE, REFUSAL_STATUS, SpendLimit, WorstCase, worst_case_tokens
 from rl_backend.gateway.errors import error_body, upstream_error_message
-from rl_backend.gateway.exchange import Exchange
+from rl_backend.gateway.exchange import Exchange, ImpossibleUsage
 from rl_backend.gateway.finished_call import Ending, build_record
-from rl_backend.gateway.h1client import HTTPError, ReadTimeout
+from rl_backend.gateway.h1client import DeadlinePassed, HTTPError, ReadTimeout
 from rl_backend.gateway.jsonfast import dumps, loads
+from rl_backend.gateway.oversize import KEEP_BYTES, MAX_EVENT_BYTES, Tail, model_in
 from rl_backend.gateway.pricing import PriceTable
-from rl_backend.gateway.sse import SSEDecoder, SSEEvent
+from rl_backend.gateway.sse import EventTooLarge, SSEDecoder, SSEEvent
 from rl_backend.gateway.transport import UpstreamResponse
 from rl_backend.gateway.upstream import UpstreamClient, UpstreamUnavailable, close_quietly
 from rl_backend.gateway.writer import RecordWriter
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 # store, and without a system call per call).
 _ID_PREFIX = os.urandom(10).hex()
 _ID_COUNTER = itertools.count(1)
+ERROR_BODY_BYTES = 64 << 10  # of an upstream's error answer, what the agent and the record get
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the request"; the agent never got a full answer
 _PASS_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
 _SSE_HEADERS = [
@@ -66,6 +68,19 @@ class Services:
     state: GatewayState
     durable_before_reply: bool = True
     spend: SpendLimit | None = None  # the hard ceiling, when the run has a budget in USD
+    keep_bytes: int = KEEP_BYTES  # of an answer, what a record keeps (oversize.py)
+    _settled: asyncio.Event | None = field(default=None, repr=False)  # set (and replaced) when a reservation ends
+
+    async def reservation_settled(self) -> None:
+        """Wait until some call's reservation against the budget is settled (on the gateway's loop)."""
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        await self._settled.wait()
+
+    def settled(self) -> None:
+        event, self._settled = self._settled, None
+        if event is not None:
+            event.set()
 
 
 class ProxyCall:
@@ -102,6 +117,9 @@ class ProxyCall:
         self.client_gone = False
         self.recorded = False
         self.running = False
+        self.answered = False  # the upstream began a 2xx answer
+        self.received_bytes = 0  # of the answer's body
+        self.reserved_usd: float | None = None  # held against the budget until the call is recorded
 
     # -- ASGI -----------------------------------------------------------------------------------------------------
 
@@ -146,6 +164,11 @@ class ProxyCall:
                     self.services.writer.submit(self._record(), self.secrets)
                 except Exception:
                     log.exception("gateway: could not build the record of call %s", self.call_id)
+            if self.reserved_usd is not None and self.services.spend is not None:
+                # No record could be built: the reservation is charged whole if the upstream answered, never lost.
+                reserved, self.reserved_usd = self.reserved_usd, None
+                self.services.spend.settle(reserved, reserved if self.answered else 0.0)
+                self.services.settled()
 
     async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:
@@ -161,17 +184,19 @@ class ProxyCall:
 
     async def _run(self, send: Send) -> None:
         ex = self.exchange
-        refusal = self.services.spend.refuse(self.rollout_id) if self.services.spend is not None else None
+        request = ex.upstream_body()
+        body = dumps(request)
+        refusal = await self._reserve(request, len(body))
         if refusal is not None:
             await self._fail(send, REFUSAL_STATUS, f"{REFUSAL_CODE}: {refusal}", refusal, code=REFUSAL_CODE)
             return
-        body = dumps(ex.upstream_body())
         try:
             opened = await self.services.client.open(ex.route, ex.path, body, ex.upstream_headers(self.agent_headers))
         except UpstreamUnavailable as exc:
             await self._fail(send, exc.status, f"upstream_unavailable: {exc.message}", exc.message)
             return
         response = opened.response
+        self.answered = 200 <= response.status_code < 300
         try:
             if not 200 <= response.status_code < 300:
                 await self._pass_error(send, response)
@@ -182,13 +207,61 @@ class ProxyCall:
         finally:
             close_quietly(response)
 
+    async def _reserve(self, request: dict[str, Any], body_bytes: int) -> str | None:
+        """Hold this call's worst case against the budget, waiting while other calls' reservations are in flight;
+        the refusal's message when the budget could not pay it even with nothing in flight."""
+        spend = self.services.spend
+        if spend is None:
+            return None
+        ex = self.exchange
+        input_tokens, output_tokens, stated = worst_case_tokens(ex.path, request, body_bytes)
+        usd = self.services.prices.most(ex.route.upstream, ex.route.model, input_tokens, output_tokens)
+        if usd is None:  # the gateway refuses unpriced models under a budget before this point; never guess
+            return f"model {ex.route.upstream.name}/{ex.route.model} has no price, so agl cannot count it"
+        if usd == 0:
+            return None  # free
+        while not spend.reserve(usd):
+            if not spend.fits_alone(usd):
+                return spend.refuse(self.rollout_id, WorstCase(input_tokens, output_tokens, stated, usd))
+            await self.services.reservation_settled()
+        self.reserved_usd = usd
+        return None
+
+    def _settle(self, record: CallRecord) -> None:
+        """Charge the budget for this call and release the rest of its reservation. A cost that cannot be known
+        although the upstream answered (usage missing, impossible, or cut off) is charged the whole reservation."""
+        spend = self.services.spend
+        if spend is None:
+            return
+        reserved, self.reserved_usd = self.reserved_usd, None
+        if reserved is None:
+            spend.charge(record.cost_usd)
+            return
+        known = record.cost_usd is not None and record.input_tokens is not None and record.output_tokens is not None
+        cost = record.cost_usd if known and record.cost_usd is not None else reserved if self.answered else 0.0
+        spend.settle(reserved, cost)
+        self.services.settled()
+
+    async def _read_upto(self, response: UpstreamResponse, limit: int) -> tuple[list[bytes], AsyncIterator[bytes] | None]:
+        """The body's chunks until it ends (then None) or passes `limit` bytes (then the iterator of the rest)."""
+        chunks = response.aiter_bytes()
+        parts: list[bytes] = []
+        async for chunk in chunks:
+            parts.append(chunk)
+            self.received_bytes += len(chunk)
+            if self.received_bytes > limit:
+                return parts, chunks
+        return parts, None
+
     async def _pass_error(self, send: Send, response: UpstreamResponse) -> None:
-        """An upstream error status after retries: the agent gets it as the upstream said it."""
+        """An upstream error status after retries: the agent gets it as the upstream said it (its first
+        ERROR_BODY_BYTES: an error needs no more)."""
         try:
-            raw = await response.aread()
+            parts, _ = await self._read_upto(response, ERROR_BODY_BYTES)
         except HTTPError as exc:
             await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream error body unreadable: {exc}")
             return
+        raw = b"".join(parts)[:ERROR_BODY_BYTES]
         self.status = response.status_code
         self.error = f"upstream_http_{response.status_code}: {upstream_error_message(raw)}"
         try:
@@ -205,15 +278,25 @@ class ProxyCall:
 
     async def _whole(self, send: Send, response: UpstreamResponse) -> None:
         try:
-            raw = await response.aread()
-        except ReadTimeout:
-            await self._fail(send, 504, "upstream_timeout: no full answer in time", "upstream timed out")
+            parts, rest = await self._read_upto(response, self.services.keep_bytes)
+        except ReadTimeout as exc:
+            reason = self._timed_out(exc)
+            await self._fail(send, 504, f"upstream_timeout: {reason}", f"upstream timed out: {reason}")
             return
         except HTTPError as exc:
             await self._fail(send, 502, f"upstream_stream_broken: {exc}", f"upstream connection broke: {exc}")
             return
+        if rest is not None:
+            await self._pass_through(send, response, parts, rest)
+            return
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
         try:
-            data = self.exchange.process_response(loads(raw))
+            parsed = loads(raw)
+            data = self.exchange.process_response(parsed)
+        except ImpossibleUsage as exc:
+            self.failure_body = parsed if isinstance(parsed, dict) else None
+            await self._fail(send, 502, f"upstream_impossible_usage: {exc}", _impossible(exc))
+            return
         except ValueError as exc:
             snippet = raw[:200].decode("utf-8", "replace")
             await self._fail(send, 502, f"upstream_malformed: {exc}: {snippet!r}", f"upstream sent a malformed answer: {exc}")
@@ -223,15 +306,63 @@ class ProxyCall:
         await self._commit()
         await self._send_whole(send, response.status_code, payload, "application/json", {})
 
+    async def _pass_through(self, send: Send, response: UpstreamResponse, parts: list[bytes],
+                            rest: AsyncIterator[bytes]) -> None:
+        """A whole answer too big to hold (see oversize.py): the agent gets the upstream's bytes as they come, the
+        record its first `keep_bytes`, the usage its last bytes carry, and a note of what it kept."""
+        ex, limit = self.exchange, self.services.keep_bytes
+        if not ex.passes_through:
+            message = f"the upstream's answer is over {limit} bytes, more than agl reads to translate it for this API"
+            await self._fail(send, 502, f"upstream_too_large: {message}", message)
+            return
+        tail = Tail()
+        for part in parts:
+            tail.add(part)
+        head = b"".join(parts)
+        parts.clear()
+        headers = [(b"content-type", response.headers.get("content-type", "application/json").encode("latin-1"))]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": self._headers(headers)})
+        self.response_started = True
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        if len(head) > limit:
+            head = head[:limit]
+        pending = b""  # held back: the record is committed before the agent gets the last byte
+        try:
+            async for chunk in rest:
+                self.received_bytes += len(chunk)
+                tail.add(chunk)
+                if pending:
+                    await send({"type": "http.response.body", "body": pending, "more_body": True})
+                pending = chunk
+        except ReadTimeout as exc:
+            self.error = f"upstream_timeout: {self._timed_out(exc)}"
+        except HTTPError as exc:
+            self.error = f"upstream_stream_broken: {type(exc).__name__}: {exc}"
+        self.status = 502 if self.error else response.status_code
+        ex.stop_keeping(limit)
+        ex.outcome.response = {"head": head.decode("utf-8", "replace")}
+        ex.outcome.upstream_model = model_in(head)
+        try:
+            ex.outcome.usage = ex.usage_of(tail.usage())
+        except ImpossibleUsage as exc:
+            self.error = self.error or f"upstream_impossible_usage: {exc}"
+        await self._commit()
+        self.response_done = True
+        await send({"type": "http.response.body", "body": pending, "more_body": False})
+
     async def _stream(self, send: Send, response: UpstreamResponse) -> None:
         ex = self.exchange
         self.status = response.status_code
         await send({"type": "http.response.start", "status": response.status_code, "headers": self._headers(_SSE_HEADERS)})
         self.response_started = True
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(MAX_EVENT_BYTES)
         chunks = response.aiter_bytes()
+        limit = self.services.keep_bytes
         try:
             async for chunk in chunks:
+                self.received_bytes += len(chunk)
+                if self.received_bytes > limit and ex.keep_limit is None:
+                    ex.stop_keeping(limit)
                 out: list[bytes] = []
                 for event in decoder.feed(chunk):
                     if await self._forward(send, event, out):
@@ -245,11 +376,17 @@ class ProxyCall:
                     return
             if out:
                 await self._send_events(send, out)
-        except ReadTimeout:
-            await self._break_stream(send, "upstream_timeout: the stream stalled past the upstream's timeout")
+        except ReadTimeout as exc:
+            await self._break_stream(send, f"upstream_timeout: {self._timed_out(exc)}")
             return
         except HTTPError as exc:
             await self._break_stream(send, f"upstream_stream_broken: {type(exc).__name__}: {exc}")
+            return
+        except ImpossibleUsage as exc:
+            await self._break_stream(send, f"upstream_impossible_usage: {exc}", message=_impossible(exc))
+            return
+        except EventTooLarge as exc:
+            await self._break_stream(send, f"upstream_too_large: {exc}")
             return
         except ValueError as exc:
             await self._break_stream(send, f"upstream_malformed: a stream event was not valid JSON ({exc})")
@@ -260,6 +397,12 @@ class ProxyCall:
             return
         await self._commit()
         await self._send_events(send, tail, last=True)
+
+    def _timed_out(self, exc: ReadTimeout) -> str:
+        upstream = self.exchange.route.upstream
+        if isinstance(exc, DeadlinePassed):
+            return f"the answer had not ended within the upstream's timeout_s of {upstream.timeout_s:g} s"
+        return f"the upstream sent nothing for {upstream.idle_timeout_s or upstream.timeout_s:g} s mid-answer"
 
     async def _forward(self, send: Send, event: SSEEvent, out: list[bytes]) -> bool:
         """Collect one event's bytes into `out`; at the terminal event, commit and send everything: True."""
@@ -281,14 +424,13 @@ class ProxyCall:
                 async for _ in chunks:
                     pass
 
-    async def _break_stream(self, send: Send, error: str, tail: list[bytes] | None = None) -> None:
+    async def _break_stream(self, send: Send, error: str, tail: list[bytes] | None = None, *,
+                            message: str | None = None) -> None:
         self.error = error
         self.status = 502
-        message = error.split(": ", 1)[-1]
+        shown = message or f"upstream failed mid-stream: {error.split(': ', 1)[-1]}"
         await self._commit()
-        await self._send_events(
-            send, [*(tail or []), self.exchange.error_event(f"upstream failed mid-stream: {message}")], last=True
-        )
+        await self._send_events(send, [*(tail or []), self.exchange.error_event(shown)], last=True)
 
     async def _fail(self, send: Send, status: int, error: str, message: str, *, code: str | None = None) -> None:
         self.status = status
@@ -349,8 +491,14 @@ class ProxyCall:
             failure_body=self.failure_body,
             ttft_s=self.ttft_s,
             model_version=self.services.state.model_version,
+            answered=self.answered,
+            received_bytes=self.received_bytes,
         )
         record = build_record(self.exchange, end, self.services.prices)
-        if self.services.spend is not None:  # built once per call (`recorded` guards it), so charged once
-            self.services.spend.charge(record.cost_usd)
+        self._settle(record)  # built once per call (`recorded` guards it), so settled once
         return record
+
+
+def _impossible(exc: ImpossibleUsage) -> str:
+    return (f"the upstream reported token usage that cannot be true ({exc}); agl does not count it as money, so "
+            "the call failed")

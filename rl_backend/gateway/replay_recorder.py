@@ -77,9 +77,10 @@ class RecordingTransport:
         self.file = file
 
     async def post(self, url: str, headers: dict[str, str], body: bytes, *, timeout: float,
-                   connect_timeout: float) -> UpstreamResponse:
+                   connect_timeout: float, deadline: float | None = None) -> UpstreamResponse:
         started = time.perf_counter()
-        response = await self.inner.post(url, headers, body, timeout=timeout, connect_timeout=connect_timeout)
+        response = await self.inner.post(url, headers, body, timeout=timeout, connect_timeout=connect_timeout,
+                                         deadline=deadline)
         api = api_of_path(urlsplit(url).path)
         try:
             request = json.loads(body)

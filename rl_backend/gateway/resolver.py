@@ -64,17 +64,20 @@ def describe(name: str, spec: UpstreamSpec, *, policy: bool = False, token_ids: 
     if spec.kind == "embedded":
         return ResolvedUpstream(
             name=name, api="openai", base_urls=[] if policy else [IN_PROCESS_URL + "/v1"], default_model=spec.model,
-            timeout_s=spec.timeout_s, returns_token_ids=True, free=spec.free, registered_later=policy,
+            timeout_s=spec.timeout_s, idle_timeout_s=spec.idle_timeout_s, returns_token_ids=True, free=spec.free,
+            registered_later=policy,
         )
     if spec.kind == "replay":
         api = spec.api or "openai"
         return ResolvedUpstream(
             name=name, api=api, base_urls=[IN_PROCESS_URL + "/v1" if api == "openai" else IN_PROCESS_URL],
-            default_model=spec.model, timeout_s=spec.timeout_s, free=False if spec.free is None else spec.free,
+            default_model=spec.model, timeout_s=spec.timeout_s, idle_timeout_s=spec.idle_timeout_s,
+            free=False if spec.free is None else spec.free,
         )
     return ResolvedUpstream(
         name=name, api="anthropic" if spec.kind == "anthropic" else "openai", base_urls=spec.urls(),
-        default_model=spec.model, timeout_s=spec.timeout_s, returns_token_ids=token_ids, free=spec.free,
+        default_model=spec.model, timeout_s=spec.timeout_s, idle_timeout_s=spec.idle_timeout_s,
+        returns_token_ids=token_ids, free=spec.free,
     )
 
 

@@ -41,32 +41,62 @@ def encode_json_event(payload: Any, event: str | None = None) -> bytes:
     return head + b"data: " + dumps(payload) + b"\n\n"
 
 
+class EventTooLarge(ValueError):
+    """A stream event longer than the decoder holds: it would have to be kept whole to be read."""
+
+
 class SSEDecoder:
-    def __init__(self) -> None:
-        self._buffer = b""
+    """Events from a byte stream. Linear in the bytes fed, however they are split: an event arriving in many small
+    chunks is not copied again at each one; with `max_event_bytes`, an event growing past it raises EventTooLarge."""
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0  # how much of the buffer is known to hold no event's end
+        self._cr = False  # the last chunk ended in CR: its LF may start the next
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        # Normalise CRLF over the whole unconsumed buffer, so a CR and LF split across chunks still pair up.
-        self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")
+        if self._cr:
+            chunk, self._cr = b"\r" + chunk, False
+        if chunk.endswith(b"\r"):
+            chunk, self._cr = chunk[:-1], True
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        buf = self._buffer
+        # The usual chunk starts with a new event: read it where it lies; only an unfinished event is buffered.
+        data: bytes | bytearray = chunk
+        search = 0
+        if buf:
+            buf += chunk
+            data, search = buf, max(self._scanned - 1, 0)  # a blank line may straddle the old end and the new bytes
         events: list[SSEEvent] = []
+        pos = 0
         while True:
-            end = self._buffer.find(b"\n\n")
+            end = data.find(b"\n\n", search)
             if end < 0:
                 break
-            block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
-            event = self._parse(block)
+            event = self._parse(data[pos:end])
             if event is not None:
                 events.append(event)
+            pos = search = end + 2
+        if data is buf:
+            del buf[:pos]
+        elif pos < len(chunk):
+            buf += chunk[pos:]
+        self._scanned = len(buf)
+        if self.max_event_bytes is not None and len(buf) > self.max_event_bytes:
+            raise EventTooLarge(f"a stream event passed {self.max_event_bytes} bytes without ending")
         return events
 
     def flush(self) -> list[SSEEvent]:
         """An event the stream ended without terminating (some servers omit the final blank line)."""
-        block, self._buffer = self._buffer, b""
+        block = bytes(self._buffer) + (b"\r" if self._cr else b"")
+        self._buffer, self._scanned, self._cr = bytearray(), 0, False
         event = self._parse(block.rstrip(b"\n"))
         return [] if event is None else [event]
 
     @staticmethod
-    def _parse(block: bytes) -> SSEEvent | None:
+    def _parse(block: bytes | bytearray) -> SSEEvent | None:
         # The usual block is one `data: …` line: take it without splitting (most of a stream's cost is here).
         if block.startswith(b"data: ") and b"\n" not in block:
             return SSEEvent(block[6:].decode("utf-8", "replace"))

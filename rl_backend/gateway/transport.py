@@ -19,7 +19,16 @@ from urllib.parse import unquote, urlsplit
 
 from starlette.types import ASGIApp, Message
 
-from rl_backend.gateway.h1client import BodyStream, HTTPError, NoResponse, Progress
+from rl_backend.gateway.h1client import (
+    BodyStream,
+    DeadlinePassed,
+    HTTPError,
+    NoResponse,
+    Progress,
+    ReadTimeout,
+    deadline_passed,
+    next_wait,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +51,9 @@ class UpstreamResponse(Protocol):
 
 class Transport(Protocol):
     async def post(self, url: str, headers: dict[str, str], body: bytes, *, timeout: float,
-                   connect_timeout: float) -> UpstreamResponse:
-        """Send a POST; return once the response head is in. Raises h1client's errors (HTTPError and kin)."""
+                   connect_timeout: float, deadline: float | None = None) -> UpstreamResponse:
+        """Send a POST; return once the response head is in. `timeout` is the longest silence, `deadline`
+        (time.monotonic) when the whole answer must have ended. Raises h1client's errors (HTTPError and kin)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -116,9 +126,10 @@ class _Call(Progress):
 
 
 class InProcessResponse(BodyStream):
-    def __init__(self, call: _Call, timeout: float) -> None:
+    def __init__(self, call: _Call, timeout: float, deadline: float | None = None) -> None:
         self._source = call
         self._timeout = timeout
+        self._deadline = deadline
         self.status_code = call.status
         self.headers = call.headers
 
@@ -138,7 +149,7 @@ class InProcessTransport:
         self._running: set[asyncio.Task[None]] = set()
 
     async def post(self, url: str, headers: dict[str, str], body: bytes, *, timeout: float,
-                   connect_timeout: float) -> InProcessResponse:
+                   connect_timeout: float, deadline: float | None = None) -> InProcessResponse:
         parts = urlsplit(url)
         host = parts.hostname or "in-process"
         raw_headers = [(b"host", (parts.netloc or host).encode("latin-1"))]
@@ -157,11 +168,16 @@ class InProcessTransport:
         task.add_done_callback(self._running.discard)
         try:
             while not call.head_done:
-                await call.wait(timeout)
+                try:
+                    await call.wait(next_wait(timeout, deadline))
+                except ReadTimeout:
+                    if deadline_passed(deadline):
+                        raise DeadlinePassed("no answer by the call's deadline") from None
+                    raise
         except BaseException:
             call.gone.set()  # timed out or cancelled: the app sees its client leave
             raise
-        return InProcessResponse(call, timeout)
+        return InProcessResponse(call, timeout, deadline)
 
     async def aclose(self) -> None:
         """Stop what is still running (answers nobody reads any more)."""

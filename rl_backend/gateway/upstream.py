@@ -1,5 +1,6 @@
 """The gateway's side of upstream HTTP: pooled keep-alive connections, timeouts, and retries before the agent sees
-a byte.
+a byte. An upstream's `timeout_s` is the call's deadline, retries and the answer's last byte included (a stream that
+never ends is cut there); `idle_timeout_s` (default: `timeout_s`) bounds each silence.
 
 `open()` returns an upstream response whose head has arrived and whose body is still unread, so a stream can be
 passed on as it comes. Connect failures, a connection that closed before answering, 408/409/429 and 5xx are
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rl_backend.gateway.h1client import H1Pool, HTTPError, ReadTimeout
+from rl_backend.gateway.h1client import DeadlinePassed, H1Pool, HTTPError, ReadTimeout
 from rl_backend.gateway.routing import Route
 from rl_backend.gateway.transport import Transport, UpstreamResponse
 
@@ -115,9 +116,12 @@ class UpstreamClient:
         return self._pool
 
     async def open(self, route: Route, path: str, body: bytes, headers: dict[str, str]) -> Opened:
+        """The upstream's response, its head in. The call's deadline (`timeout_s` from now) covers the retries and
+        goes with the response, whose body must have ended by then too; `idle_timeout_s` bounds each silence."""
         upstream = route.upstream
         urls = upstream.base_urls
-        connect_timeout = min(self.retry.connect_timeout_s, upstream.timeout_s)
+        idle = upstream.idle_timeout_s or upstream.timeout_s
+        deadline = time.monotonic() + upstream.timeout_s
         connect_failures = 0
         attempt = 0
         transport: Transport = upstream.transport if upstream.transport is not None else self.pool
@@ -125,12 +129,17 @@ class UpstreamClient:
             attempt += 1
             # Stay on the rollout's replica; move to the next only when this one cannot be reached at all.
             url = urls[(route.replica + connect_failures) % len(urls)].rstrip("/") + path
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UpstreamUnavailable(504, _late(upstream.name, upstream.timeout_s, url, attempt - 1))
             try:
-                response = await transport.post(url, headers, body, timeout=upstream.timeout_s,
-                                                connect_timeout=connect_timeout)
+                response = await transport.post(url, headers, body, timeout=idle, deadline=deadline,
+                                                connect_timeout=min(self.retry.connect_timeout_s, idle, left))
+            except DeadlinePassed as exc:
+                raise UpstreamUnavailable(504, _late(upstream.name, upstream.timeout_s, url, attempt)) from exc
             except ReadTimeout as exc:
                 raise UpstreamUnavailable(
-                    504, f"upstream {upstream.name!r} did not answer within {upstream.timeout_s:g} s ({url})"
+                    504, f"upstream {upstream.name!r} sent nothing for {idle:g} s ({url})"
                 ) from exc
             except _CONNECT_ERRORS as exc:
                 connect_failures += 1
@@ -140,20 +149,25 @@ class UpstreamClient:
                         f"upstream {upstream.name!r} could not be reached at {url} after {attempt} attempts: "
                         f"{type(exc).__name__}: {exc}",
                     ) from exc
-                await asyncio.sleep(self.retry.backoff(attempt))
+                await asyncio.sleep(min(self.retry.backoff(attempt), max(deadline - time.monotonic(), 0.0)))
                 continue
             if response.status_code in RETRYABLE_STATUS and attempt < self.retry.max_attempts:
                 delay = retry_after_s(response)
                 if delay is None:
                     delay = self.retry.backoff(attempt)
-                elif delay > self.retry.retry_after_cap_s:
-                    return Opened(response, attempt, url)
+                elif delay > min(self.retry.retry_after_cap_s, deadline - time.monotonic()):
+                    return Opened(response, attempt, url)  # not waited out here: the agent gets the 429
                 try:
                     await response.aread()  # read the small error body so the connection can be reused
                 except HTTPError:
                     pass  # then close_quietly closes the connection instead
                 finally:
                     close_quietly(response)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
                 continue
             return Opened(response, attempt, url)
+
+
+def _late(name: str, timeout_s: float, url: str, attempts: int) -> str:
+    tries = f" ({attempts} attempts)" if attempts > 1 else ""
+    return f"upstream {name!r} did not answer within its timeout_s of {timeout_s:g} s{tries} ({url})"

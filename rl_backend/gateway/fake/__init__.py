@@ -5,7 +5,10 @@ other processes.
 Replies are deterministic (see replies.py). Faults are queued with `fail()` and consumed one per request, in order:
 `status` (an error status, optionally with Retry-After), `slow` (a delay before the first byte), `malformed`
 (invalid JSON, or an invalid stream event), `reset` (the connection dropped after `after_events` stream events),
-`hang` (never answers; counts the caller hanging up in `cancelled`), `slow_stream` (a delay between events).
+`hang` (never answers; counts the caller hanging up in `cancelled`), `slow_stream` (a delay between events), and
+those of a hostile upstream (hostile.py): `usage` (every usage object updated with `usage=`), `endless` (a chat
+stream that never ends, a token every `delay_s`), `huge` (a chat answer of `size` bytes, whole or streamed),
+`huge_event` (one stream event of `size` bytes that never ends).
 `refused_params` (model name -> parameter names) answers a request that sends one of them to that model with
 OpenAI's 400 for an unsupported parameter, as a model without reasoning does for `reasoning_effort`.
 Every request is kept in `requests` (path, headers, body) so tests can check what reached the upstream.
@@ -30,7 +33,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rl_backend.gateway.config import ResolvedUpstream
-from rl_backend.gateway.fake import anthropic_shapes, openai_shapes
+from rl_backend.gateway.fake import anthropic_shapes, hostile, openai_shapes
 from rl_backend.gateway.fake.replies import Reply, chat_reply, make_reply
 from rl_backend.gateway.transport import IN_PROCESS_URL, InProcessTransport
 from rl_backend.httpserver import ServerThread
@@ -43,6 +46,8 @@ class Fault:
     retry_after: str | None = None
     after_events: int = 2
     delay_s: float = 0.0
+    usage: dict[str, Any] | None = None
+    size: int = 0
 
 
 @dataclass
@@ -217,6 +222,12 @@ class FakeUpstream:
             return call, JSONResponse(payload, fault.status, headers=headers)
         elif fault.kind == "hang":
             return call, _Hang(self)
+        elif fault.kind == "endless":
+            return call, hostile.Endless(body.get("model"), fault.delay_s or 0.05, self.note_cancelled)
+        elif fault.kind == "huge":
+            return call, hostile.Huge(body.get("model"), fault.size, stream=body.get("stream") is True)
+        elif fault.kind == "huge_event":
+            return call, hostile.HugeEvent(fault.size)
         elif fault.kind == "malformed" and not body.get("stream"):
             return call, Response(b'{"id": "broken", "choices": [', media_type="application/json")
         return call, None
@@ -242,9 +253,14 @@ class FakeUpstream:
         body = call.body
         reply = reply_of(body)
         shape = {"n": call.n, "cached": self.cached_tokens, "version": self.model_version}
+        override = call.fault.usage if call.fault is not None and call.fault.kind == "usage" else None
         if body.get("stream"):
-            return self._sse(call, events_of(body, reply, **shape))
-        return JSONResponse(whole_of(body, reply, **shape))
+            events = events_of(body, reply, **shape)
+            if override:
+                events = [(name, hostile.with_usage(data, override)) for name, data in events]
+            return self._sse(call, events)
+        whole = whole_of(body, reply, **shape)
+        return JSONResponse(hostile.with_usage(whole, override) if override else whole)
 
 
 Events = list[tuple[str | None, Any]]

@@ -28,6 +28,7 @@ class Harness:
         store_dir: Path | None = None,
         upstreams: dict[str, ResolvedUpstream] | None = None,
         default_model: str | None = "local/tiny",
+        request_timeout_s: float | None = None,
         **gateway_options: Any,
     ) -> None:
         self.fake = fake
@@ -42,7 +43,8 @@ class Harness:
                 upstreams["claude"] = fake_anthropic.upstream("claude", api="anthropic", api_key=UPSTREAM_KEY, free=False)
         gateway_options.setdefault("retry", FAST_RETRY)
         self.gateway = Gateway(upstreams, self.store, default_model=default_model, **gateway_options)
-        self.server: ServerThread = start_gateway(self.gateway)
+        self.server: ServerThread = (start_gateway(self.gateway) if request_timeout_s is None
+                                     else start_gateway(self.gateway, request_timeout_s=request_timeout_s))
         self.base_url = self.server.base_url
 
     def rollout(self, rollout_id: str, knobs: dict[str, Any] | None = None) -> str:
