@@ -7,22 +7,26 @@ from rich.table import Table
 from rich.text import Text
 
 from agl_cli.metrics.fmt import count, pct, seconds, usd
-from agl_cli.metrics.variant import VariantMetrics
+from agl_cli.metrics.variant import VariantMetrics, rough_note
 
 
 def variant_table(summaries: list[VariantMetrics], *, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column, justify in [
-        ("variant", "left"), ("n", "right"), ("accuracy [95% CI]", "right"), ("missing", "right"),
-        ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"), ("cost", "right"),
-        ("served by", "left"),
-    ]:
+    """One row per variant; with a partial-credit grader, the share of rollouts fully right (reward 1) beside the
+    mean reward."""
+    table = Table(title=title, title_justify="left", caption=rough_note(summaries), caption_justify="left")
+    partial = any(s.partial_credit for s in summaries)
+    columns = [("variant", "left"), ("n", "right"), ("accuracy [95% CI]", "right")]
+    columns += [("fully right [95% CI]", "right")] if partial else []
+    columns += [("missing", "right"), ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"),
+                ("cost", "right"), ("served by", "left")]
+    for column, justify in columns:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for s in summaries:
         table.add_row(
             Text(s.name),
             str(s.accuracy.n),
             pct(s.accuracy.mean, s.accuracy.ci95),
+            *([pct(s.fully_right.mean, s.fully_right.ci95)] if partial else []),
             str(s.missing),
             pct(s.error_rate.mean, digits=0),
             f"{seconds(s.latency_p50, digits=1)} / {seconds(s.latency_p95, digits=1)}",
