@@ -172,6 +172,11 @@ def execute_eval(
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
+    from agl_cli.secret_env import short_secret_note
+
+    notes = [note] if (note := short_secret_note(spec)) else []
+    if notes:
+        manifest["notes"] = notes  # the report shows them among its caveats
     run.write_manifest(manifest)
     store.close()
     if interrupted:
@@ -188,6 +193,7 @@ def execute_eval(
         "status": status,
         "variants": [{**s.summary_json(), "reused": reused_by_variant.get(s.name, 0)} for s in summaries],
         "spend": spend.as_json(),
+        "notes": notes,
         "_summaries": summaries,
         "_spend": spend,
     }

@@ -157,6 +157,7 @@ def notes(data: RunData) -> list[str]:
         out.append(f"the run's status is {str(status).replace('_', ' ')}: it is incomplete")
     if data.study:
         out += [str(m) for m in data.study.get("messages", [])]
+    out += [str(n) for n in data.manifest.get("notes") or []]
     if data.kind != "study" and len(data.primary.rows) > 2 and data.comparison:
         if data.primary.role == "held-out confirmation":
             out.append(f"{len(data.primary.rows) - 1} candidates were confirmed on these held-out tasks at once; "
