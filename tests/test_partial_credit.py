@@ -82,3 +82,30 @@ def test_compare_shows_it_beside_the_paired_mean(project: tuple[Path, dict]) -> 
     assert "fully right 33.3% [" in text and "-> 75.0% [" in text and "+41.7 points" in text
     # The verdict says which check decided it.
     assert "\n  why: neither check passes: the interval includes zero and the sign test does not pass" in text
+
+
+def test_too_few_tasks_for_a_bootstrap_are_called_rough_where_shown() -> None:
+    """Partial credit over 4 tasks: the mean's bootstrap interval is too narrow as often as not, and the eval
+    table, the report's note and the JSON say so; 0/1 rewards over as few tasks get a Wilson interval instead."""
+    from rich.console import Console
+
+    from agl_cli.display import variant_table
+    from agl_cli.metrics.variant import measure, rough_note
+    from rl_backend.store.records import RewardSource, Rollout, RolloutStatus
+
+    def rollouts(rewards: list[float]) -> list[Rollout]:
+        return [Rollout(id=f"r{i}", key=f"v/t{i}/0", variant="v", task_id=f"t{i}", seed=0,
+                        status=RolloutStatus.succeeded, reward=r, reward_source=RewardSource.grader, started_at=0.0,
+                        ended_at=1.0) for i, r in enumerate(rewards)]
+
+    partial = measure("partial", rollouts([0.2, 1.0, 0.6, 1.0]), {})
+    binary = measure("binary", rollouts([0.0, 1.0, 1.0, 1.0]), {})
+    assert partial.accuracy.rough and not binary.accuracy.rough and binary.accuracy.method == "wilson"
+    assert "rough" in partial.summary_json()["accuracy"] and "rough" not in binary.summary_json()["accuracy"]
+    note = rough_note([partial, binary])
+    assert note == ("accuracy of partial: partial-credit rewards over 4 tasks, fewer than 10: read its interval as "
+                    "rough (likely too narrow)")
+    console = Console(width=200, record=True, no_color=True)
+    console.print(variant_table([partial, binary], title="run"))
+    shown = console.export_text()
+    assert "accuracy of partial: partial-credit rewards over 4 tasks" in shown and "read its interval as rough" in shown
