@@ -99,6 +99,10 @@ def test_the_budget_comes_from_the_flag_or_is_unset_and_said_so(folder: Path) ->
     # The embedded model costs nothing: no budget to ask for or warn about.
     local = CliRunner().invoke(app, ["init", "--force"])
     assert local.exit_code == 0 and "budget" not in local.stderr and load_spec(folder / "agl.yaml").budget.usd is None
+    # A model agl ships a price for is paid all the same.
+    shipped = CliRunner().invoke(app, ["init", "--force", "--upstream", "https://api.openai.com/v1", "--models",
+                                       "gpt-4.1-mini"])
+    assert "budget.usd is unset" in shipped.stderr and "no price" not in shipped.stderr
 
 
 @pytest.mark.skipif(not shutil.which("taskset"), reason="needs taskset to give agl one core")

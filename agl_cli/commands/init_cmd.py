@@ -72,9 +72,10 @@ def init_command(
 
     from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.prices import unpriced_models
+    from agl_cli.prices import models_in_use, price_table, unpriced_models
     from agl_cli.spec import AgentSpec, ExperimentSpec, GraderSpec
     from agl_cli.templates import render
+    from rl_backend.gateway.resolver import describe
 
     if out.exists() and not force:
         raise UsageError(f"{out} already exists", hint="pass --force to overwrite it, or --out to write elsewhere")
@@ -107,17 +108,19 @@ def init_command(
             budget_usd=None if budget is None else f"{budget:g}", hosted_loopback=bool(hosted and hosted["loopback"]),
         ).rstrip("\n") + "\n"
 
-    def unpriced(prices: dict[str, str]) -> list[str]:
+    def costs(prices: dict[str, str]) -> tuple[list[str], bool]:
+        """The models that cost money but have no price, and whether any model costs money: by the rule every run
+        prices calls by (a model agl ships a price for needs none; an embedded or `free: true` upstream is free)."""
         try:
             spec = ExperimentSpec.model_validate(yaml.safe_load(starter(prices, None)))
         except ValidationError:  # --model names an upstream the file does not declare (said below): no rule to apply
-            return [m for m in listed if m not in prices and _no_shipped_price(m)]
-        return [f"{up}/{name}" for up, name in unpriced_models(spec)]
+            remote = [m for m in listed if m.partition("/")[0] != "local"]
+            return [m for m in remote if m not in prices and _no_shipped_price(m)], bool(remote)
+        table = price_table(spec)
+        paid = any(not table.is_free(describe(up, spec.upstreams[up]), [name]) for up, name in models_in_use(spec))
+        return [f"{up}/{name}" for up, name in unpriced_models(spec)], paid
 
-    # Which models cost money but have no price: the rule every run prices calls by (a model agl ships a price for,
-    # an embedded or `free: true` upstream, needs none).
-    missing = unpriced(prices)
-    paid = bool(hosted and not free) or bool(missing)
+    missing, paid = costs(prices)
     if _interactive():
         for full in missing:
             asked = _ask_price(full)
@@ -125,7 +128,7 @@ def init_command(
                 prices[full] = asked
         if budget_usd is None and paid:
             budget_usd = _ask_budget()
-        missing = unpriced(prices)
+        missing, _ = costs(prices)
     text = starter(prices, budget_usd)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
