@@ -88,3 +88,15 @@ def test_output_files_are_redacted_by_whole_value_across_chunk_boundaries(tmp_pa
     expected = "\n".join(["use [redacted] here", f"x{key}", f"{key}x", "([redacted])", "the device"] * 7)
     assert path.read_text() == expected
     assert Redactor([key]).text(f"{key}!") == "[redacted]!" and Redactor(["dev"]).text("dev") == "dev"
+
+
+def test_the_reports_pattern_scrub_leaves_english_alone() -> None:
+    """A report's transcripts also go through a scrub of credential shapes: "a basic configuration" once read
+    "a basic [redacted]"."""
+    from agl_cli.report.redact import scrub_text
+
+    assert scrub_text("a basic configuration question, bearer bonds too") == \
+        "a basic configuration question, bearer bonds too"
+    assert scrub_text("Authorization: Basic dXNlcjpwYXNzd29yZA==") == "Authorization: [redacted]"
+    assert scrub_text("curl -H 'x: Bearer abc.def-123456' and basic dXNlcjpwYXNz") == \
+        "curl -H 'x: Bearer [redacted]' and basic [redacted]"

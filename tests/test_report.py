@@ -231,7 +231,7 @@ def test_formatting_and_redaction_units() -> None:
     assert usd(0.00042) == "$0.000420" and usd(0.5, [0.5, 0.5]) == "$0.5000"
     assert nice_ticks(0, 0.87) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert nice_ticks(3, 3)[0] <= 3 <= nice_ticks(3, 3)[-1]
-    assert scrub_text("key sk-abc123def456 and Bearer abcdefghijkl") == "key sk-[redacted] and Bearer [redacted]"
+    assert scrub_text("key sk-abc123def456 and Bearer abcdef123456") == "key sk-[redacted] and Bearer [redacted]"
     assert scrub_text("MAX_TOKENS=1000 OPENAI_API_KEY=hunter22") == "MAX_TOKENS=1000 OPENAI_API_KEY=[redacted]"
     assert scrub({"headers": {"Authorization": "x"}, "max_tokens": 5}) == {
         "headers": {"Authorization": "[redacted]"}, "max_tokens": 5}
