@@ -21,12 +21,23 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any
+from typing import Any, Protocol
 
-from agl_cli.tasks import Task
+
+class Task(Protocol):
+    """A task as agl_cli.tasks loads it (only what these checks read; agl_cli.tasks groups its split by them)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+    @property
+    def split(self) -> str | None: ...
 
 MIN_VALUE_CHARS = 8  # shorter shared values ("yes", "refund") say little
 CATEGORICAL_MAX_DISTINCT = 10  # a field with at most this many distinct values (or 5% of the tasks) is a category
@@ -102,7 +113,7 @@ class NearDuplicates:
         }
 
 
-def _text_fields(tasks: list[Task], skip: set[str]) -> list[str]:
+def _text_fields(tasks: Sequence[Task], skip: set[str]) -> list[str]:
     values: dict[str, set[str]] = defaultdict(set)
     for task in tasks:
         for key, value in task.data.items():
@@ -142,7 +153,7 @@ def _similar(texts: dict[str, str], side_of: dict[str, str], threshold: float) -
     return found
 
 
-def _checks(tasks: list[Task], side_of: Callable[[Task], str], *, skip: set[str], threshold: float,
+def _checks(tasks: Sequence[Task], side_of: Callable[[Task], str], *, skip: set[str], threshold: float,
             fields: list[str] | None) -> tuple[list[str], list[SharedValue], dict[tuple[str, str], tuple[float, str]]]:
     """The fields checked, the values shared across sides, and the similar pairs across sides (with the field)."""
     checked = fields if fields is not None else _text_fields(tasks, skip)
@@ -167,7 +178,7 @@ def _checks(tasks: list[Task], side_of: Callable[[Task], str], *, skip: set[str]
     return checked, shared, best
 
 
-def find(tasks: list[Task], *, skip: set[str], threshold: float = 0.8, fields: list[str] | None = None) -> NearDuplicates:
+def find(tasks: Sequence[Task], *, skip: set[str], threshold: float = 0.8, fields: list[str] | None = None) -> NearDuplicates:
     """Near-duplicates across splits; `skip`: fields that never count (the id and the split field)."""
     split_tasks = [t for t in tasks if t.split is not None]
     checked, shared, best = _checks(split_tasks, lambda t: str(t.split), skip=skip, threshold=threshold, fields=fields)
@@ -188,7 +199,7 @@ def find(tasks: list[Task], *, skip: set[str], threshold: float = 0.8, fields: l
     return result
 
 
-def clusters(tasks: list[Task], *, skip: set[str], threshold: float = 0.8) -> list[list[str]]:
+def clusters(tasks: Sequence[Task], *, skip: set[str], threshold: float = 0.8) -> list[list[str]]:
     """All tasks in groups, whatever their split: two tasks share a group when a chain of near-duplicate pairs
     (a shared value, similar text) joins them. Each group's ids in file order; a task alone is a group of one."""
     parent = {t.id: t.id for t in tasks}
