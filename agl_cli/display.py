@@ -8,18 +8,20 @@ from rich.text import Text
 
 from agl_cli.metrics.cost import month_column, per_month_text, per_task_text
 from agl_cli.metrics.fmt import count, pct, seconds
-from agl_cli.metrics.variant import VariantMetrics
+from agl_cli.metrics.variant import VariantMetrics, rough_note
 from agl_cli.volume import Volume
 
 
 def variant_table(summaries: list[VariantMetrics], *, title: str, volume: Volume | None = None) -> Table:
     """One row per variant; cost per task with its interval, and per month when the user's volume is known (the
-    run's total spend is printed under the table)."""
-    table = Table(title=title, title_justify="left")
-    columns = [
-        ("variant", "left"), ("n", "right"), ("accuracy [95% CI]", "right"), ("missing", "right"),
-        ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"), ("cost/task [95% CI]", "right"),
-    ]
+    run's total spend is printed under the table); with a partial-credit grader, the share of rollouts fully right
+    (reward 1) beside the mean reward."""
+    table = Table(title=title, title_justify="left", caption=rough_note(summaries), caption_justify="left")
+    partial = any(s.partial_credit for s in summaries)
+    columns = [("variant", "left"), ("n", "right"), ("accuracy [95% CI]", "right")]
+    columns += [("fully right [95% CI]", "right")] if partial else []
+    columns += [("missing", "right"), ("errors", "right"), ("latency p50/p95", "right"), ("tokens in/out", "right"),
+                ("cost/task [95% CI]", "right")]
     if volume is not None:
         columns.append((month_column(volume), "right"))
     for column, justify in [*columns, ("served by", "left")]:
@@ -29,6 +31,7 @@ def variant_table(summaries: list[VariantMetrics], *, title: str, volume: Volume
             Text(s.name),
             str(s.accuracy.n),
             pct(s.accuracy.mean, s.accuracy.ci95),
+            *([pct(s.fully_right.mean, s.fully_right.ci95)] if partial else []),
             str(s.missing),
             pct(s.error_rate.mean, digits=0),
             f"{seconds(s.latency_p50, digits=1)} / {seconds(s.latency_p95, digits=1)}",

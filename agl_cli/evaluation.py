@@ -24,6 +24,7 @@ from agl_cli.command_template import fill
 from agl_cli.grading import Grader
 from agl_cli.run_spend import own_usd, run_spend
 from agl_cli.rundir import RunDir
+from agl_cli.secret_env import secret_names, secret_values
 from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec
 from agl_cli.tasks import Task
@@ -36,7 +37,6 @@ from rl_backend.store.records import FailureKind, RewardSource, Rollout, Rollout
 from rl_backend.store.redact import Redactor
 
 OUTPUT_KEEP_BYTES = 64 * 1024
-SECRET_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 # agl's own credentials (in a trainer's pod: the deployed gateway's admin token, the policy servers' key): no agent
 # or grader process gets them, gateway or not.
 AGL_CREDENTIALS = ("AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY")
@@ -98,13 +98,10 @@ class EvalRunner:
         self.grader = Grader(spec, store, self.base_env)
         self.stopped_for_budget = False
         # The values of the key variables: whatever an agent or upstream echoes of them is not written anywhere.
-        self.redactor = Redactor(os.environ.get(name) for name in self._secret_names())
-
-    def _secret_names(self) -> set[str]:
-        return set(SECRET_ENV) | {u.api_key_env for u in self.spec.upstreams.values() if u.api_key_env}
+        self.redactor = Redactor(secret_values(spec).values())
 
     def _base_env(self) -> dict[str, str]:
-        secret = self._secret_names()
+        secret = secret_names(self.spec)
         env = {k: v for k, v in os.environ.items()
                if (k not in secret or not self.services.gateway) and k not in AGL_CREDENTIALS}
         # The agent finds the Python agl runs on first, so `python agent.py` works without activating a venv.

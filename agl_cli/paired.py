@@ -9,6 +9,9 @@ the difference `d_t` is the mean of (B - A) over the seeds both have, and everyt
   rewards the non-zero `d_t` are exactly the discordant pairs, so this *is* the exact McNemar test;
 - the verdict says `better` only when the interval excludes zero AND the (Holm-adjusted) p-value passes; `worse`
   symmetrically; otherwise `no detectable difference`, with about how many more tasks would likely decide it.
+  Each comparison says which of the two checks decided it and why (`why`): "no detectable difference" beside a
+  small p-value is the interval's doing, and says so. A difference of zero is "nothing suggests a difference",
+  never a projection of astronomically many tasks; projections past any practical size are left out.
 
 Pure Python and numpy (scipy is only used by the tests, to check these numbers).
 """
@@ -24,14 +27,22 @@ from typing import Any
 
 import numpy as np
 
+from agl_cli.stats import containing
+
 BETTER = "better"
 WORSE = "worse"
 NO_DIFFERENCE = "no detectable difference"
 ALPHA = 0.05
 POWER = 0.8
 DEFAULT_RESAMPLES = 4000
+# A mean difference this close to 0 is 0: rewards summed in floating point leave ~1e-17, not an effect.
+ZERO_EFFECT = 1e-9
+# A projection of more tasks than this (or than this many times the tasks compared) decides nothing in practice.
+MAX_PROJECTED_TASKS = 100_000
+MAX_PROJECTED_FACTOR = 100
 
 PairKey = tuple[str, int]  # (task id, seed)
+TEST_NAMES = {"mcnemar_exact": "McNemar exact test", "sign_test": "sign test", "none": "no test"}
 
 
 # -- exact tests ------------------------------------------------------------------------------------------------
@@ -53,9 +64,10 @@ def binomial_two_sided(k: int, n: int) -> float:
 
 
 def sign_test(differences: Sequence[float]) -> tuple[float, int, int]:
-    """(p-value, positives, negatives) of the exact two-sided sign test; zero differences are dropped."""
-    positive = sum(1 for d in differences if d > 0)
-    negative = sum(1 for d in differences if d < 0)
+    """(p-value, positives, negatives) of the exact two-sided sign test; zero differences are dropped (and what
+    floating point leaves of a zero: partial-credit rewards such as 0.1 + 0.2 against 0.3 differ by 5.6e-17)."""
+    positive = sum(1 for d in differences if d > ZERO_EFFECT)
+    negative = sum(1 for d in differences if d < -ZERO_EFFECT)
     return binomial_two_sided(positive, positive + negative), positive, negative
 
 
@@ -134,7 +146,7 @@ def paired_interval(paired: Paired, *, seed: int = 0, resamples: int = DEFAULT_R
     idx = rng.integers(0, k, size=(resamples, k))
     means = paired.sums[idx].sum(axis=1) / paired.counts[idx].sum(axis=1)
     lo, hi = np.percentile(means, [2.5, 97.5])
-    return (float(lo), float(hi))
+    return containing(paired.difference, (float(lo), float(hi)))
 
 
 def tasks_to_decide(differences: np.ndarray, *, alpha: float = ALPHA, power: float = POWER) -> int | None:
@@ -147,7 +159,7 @@ def tasks_to_decide(differences: np.ndarray, *, alpha: float = ALPHA, power: flo
     if n == 0:
         return None
     effect = float(differences.mean())
-    if effect == 0.0:
+    if abs(effect) < ZERO_EFFECT:
         return None
     spread_null = math.sqrt(float(np.mean(differences**2)))
     spread_alt = float(differences.std(ddof=1)) if n > 1 else spread_null
@@ -191,14 +203,71 @@ class Comparison:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def zero_difference(self) -> bool:
+        return self.difference is not None and abs(self.difference) < ZERO_EFFECT
+
+    @property
     def more_tasks(self) -> int | None:
-        """About how many more tasks would likely decide an undecided comparison (at least one)."""
-        if self.verdict != NO_DIFFERENCE or self.tasks_needed is None:
+        """About how many more tasks would likely decide an undecided comparison (at least one); None when nothing
+        was seen to decide, or when the projection is past any practical size."""
+        if self.verdict != NO_DIFFERENCE or self.tasks_needed is None or self.zero_difference:
+            return None
+        if self.tasks_needed > min(MAX_PROJECTED_TASKS, MAX_PROJECTED_FACTOR * max(self.n_tasks, 1)):
             return None
         return max(1, self.tasks_needed - self.n_tasks)
 
+    def decide_with(self) -> str | None:
+        """What more evidence would do for an undecided comparison, in words; None when decided or nothing was seen."""
+        if self.verdict != NO_DIFFERENCE or self.zero_difference or self.n_tasks == 0:
+            return None
+        if self.more_tasks is not None:
+            return f"about {self.more_tasks} more tasks would likely decide it"
+        if self.tasks_needed is not None:
+            return (f"the difference seen is too small for more tasks to decide it at any practical size (over "
+                    f"{min(MAX_PROJECTED_TASKS, MAX_PROJECTED_FACTOR * max(self.n_tasks, 1)):,} tasks)")
+        return None
+
+    @property
+    def interval_excludes_zero(self) -> bool | None:
+        """None when no interval was computed (racing skips it once the test has failed)."""
+        if self.ci95 is None or any(math.isnan(x) for x in self.ci95):
+            return None
+        return self.ci95[0] > 0 or self.ci95[1] < 0
+
+    @property
+    def test_passes(self) -> bool:
+        return self.p_adjusted < self.alpha
+
     def decide(self) -> None:
-        self.verdict = judge(self.ci95, self.p_adjusted, self.alpha)
+        self.verdict = NO_DIFFERENCE if self.zero_difference else judge(self.ci95, self.p_adjusted, self.alpha)
+
+    def why(self) -> str:
+        """Which check decided the verdict, and why it is what it is, in a sentence for a person."""
+        test = TEST_NAMES.get(self.test, self.test)
+        adjusted = "Holm-adjusted " if self.p_adjusted != self.p_value else ""
+        p = f"{adjusted}p={self.p_adjusted:.3g}"
+        if self.n_tasks == 0:
+            return "no task was scored on both sides"
+        if self.zero_difference:
+            if self.b_better == self.a_better == 0:
+                return "every task scored the same on both sides: nothing in these tasks suggests a difference"
+            return (f"the tasks each side did better on cancel out ({self.b_better} vs {self.a_better}): nothing in "
+                    "these tasks suggests a difference")
+        interval, passes = self.interval_excludes_zero, self.test_passes
+        if self.verdict != NO_DIFFERENCE:
+            return f"both checks agree: the interval excludes zero and the {test} passes ({p} < {self.alpha:g})"
+        if interval is None:
+            return f"the {test} does not pass ({p} >= {self.alpha:g}), so the interval was not needed"
+        if interval and not passes:
+            return (f"decided by the {test}: the interval excludes zero, but the test does not pass ({p} >= "
+                    f"{self.alpha:g}; {self.b_better} tasks favour the candidate, {self.a_better} the baseline), "
+                    "too few to rule out chance; a side is named only when both checks agree")
+        if passes:
+            return (f"decided by the interval: the {test} passes ({p} < {self.alpha:g}: {self.b_better} tasks favour "
+                    f"the candidate, {self.a_better} the baseline), but the interval of the mean difference includes "
+                    "zero, so the size of the difference is not clear of nothing; a side is named only when both "
+                    "checks agree")
+        return f"neither check passes: the interval includes zero and the {test} does not pass ({p} >= {self.alpha:g})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -213,7 +282,10 @@ class Comparison:
             "p_adjusted": self.p_adjusted,
             "alpha": self.alpha,
             "verdict": self.verdict,
+            "checks": {"interval_excludes_zero": self.interval_excludes_zero, "test_passes": self.test_passes},
+            "why": self.why(),
             "more_tasks": self.more_tasks,
+            "decide_with": self.decide_with(),
             **self.extra,
         }
 

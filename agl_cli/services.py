@@ -72,6 +72,10 @@ def running_services(
         from agl_cli.prices import check_budget_prices
 
         check_budget_prices(spec, spend_limit.limit_usd)
+    from agl_cli.secret_env import short_secret_note
+
+    if log and (note := short_secret_note(spec)):
+        log(f"note: {note}")
     # A spec whose agent calls no model through agl and reports no reward needs no gateway, remote or not.
     if os.environ.get(GATEWAY_URL_ENV, "").strip() and (spec.upstreams or spec.grader.reported):
         with remote_services(log=log, spend_limit=spend_limit) as services:

@@ -83,11 +83,27 @@ class SplitByField(_Strict):
     field: str = Field(description="the task field holding its split name (train, val, test...)")
 
 
+NEAR_DUPLICATES = "near_duplicates"  # `group_by:` this keeps each cluster of near-duplicate tasks in one split
+
+
 class SplitByFractions(_Strict):
-    """`tasks.split: {fractions: {...}, seed: N}`: a seeded random split."""
+    """`tasks.split: {fractions: {...}, seed: N}`: a seeded random split, of tasks or of groups of tasks."""
 
     fractions: dict[str, float] = Field(description="split name -> share of the tasks; the shares add up to 1")
     seed: int = Field(default=0, description="seed of the random assignment")
+    group_by: str | None = Field(
+        default=None,
+        description="keep groups of tasks in one split: the name of a task field (tasks with equal values go "
+        f"together), or `{NEAR_DUPLICATES}` (each cluster of tasks that `agl tasks` calls near-duplicates goes "
+        "together); the shares then hold to within a group's size",
+    )
+
+    @field_validator("group_by")
+    @classmethod
+    def _named(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"name a task field, or `{NEAR_DUPLICATES}`")
+        return value
 
     @field_validator("fractions")
     @classmethod

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl_cli.errors import ConfigError
-from agl_cli.spec import ExperimentSpec, SplitByField, SplitByFractions
+from agl_cli.spec import NEAR_DUPLICATES, ExperimentSpec, SplitByField, SplitByFractions
 from rl_backend.gateway.jsonfast import deeper_than
 
 
@@ -39,6 +39,44 @@ def _split_by_fractions(ids: list[str], split: SplitByFractions) -> dict[str, st
             assignment[task_id] = name
         start = end
     return assignment
+
+
+def split_groups(groups: list[list[str]], split: SplitByFractions) -> dict[str, str]:
+    """Whole groups of task ids to splits: the groups in a seeded order, each to the split whose share of the
+    tasks its middle falls in, so the shares hold to within a group's size. Depends only on the groups (as sets)
+    and the seed."""
+    order = sorted((sorted(group) for group in groups if group), key=lambda group: group[0])
+    random.Random(split.seed).shuffle(order)
+    total = sum(len(group) for group in order)
+    bounds, cumulative = [], 0.0
+    for name, share in split.fractions.items():
+        cumulative += share * total
+        bounds.append((cumulative, name))
+    assignment: dict[str, str] = {}
+    seen = 0
+    for group in order:
+        middle = seen + len(group) / 2
+        name = next((n for bound, n in bounds if middle < bound), bounds[-1][1])
+        assignment.update((task_id, name) for task_id in group)
+        seen += len(group)
+    return assignment
+
+
+def group_tasks(tasks: list[Task], spec: ExperimentSpec, group_by: str) -> list[list[str]]:
+    """The groups `tasks.split.group_by` keeps together: by a field's value, or clusters of near-duplicates."""
+    if group_by == NEAR_DUPLICATES:
+        from agl_cli.near_duplicates import clusters
+
+        return clusters(tasks, skip={spec.tasks.id_field})
+    path = spec.resolve(spec.tasks.path)
+    groups: dict[str, list[str]] = {}
+    for task in tasks:
+        if group_by not in task.data:
+            raise ConfigError(f"{path}:{task.line}: task {task.id!r} has no {group_by!r} field, which "
+                              "`tasks.split.group_by` groups by",
+                              hint=f"give every task that field, or group by `{NEAR_DUPLICATES}`")
+        groups.setdefault(json.dumps(task.data[group_by], sort_keys=True), []).append(task.id)
+    return list(groups.values())
 
 
 MAX_TASK_DEPTH = 200  # far deeper than any task; shallow enough that every JSON encoder agl uses on it succeeds
@@ -93,7 +131,9 @@ def load_tasks(spec: ExperimentSpec) -> list[Task]:
     if not tasks:
         raise ConfigError(f"{path}: no tasks in the file")
     if isinstance(spec.tasks.split, SplitByFractions):
-        assignment = _split_by_fractions([t.id for t in tasks], spec.tasks.split)
+        group_by = spec.tasks.split.group_by
+        assignment = split_groups(group_tasks(tasks, spec, group_by), spec.tasks.split) if group_by else \
+            _split_by_fractions([t.id for t in tasks], spec.tasks.split)
         tasks = [Task(id=t.id, data=t.data, split=assignment[t.id], line=t.line) for t in tasks]
     return tasks
 

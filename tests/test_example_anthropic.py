@@ -25,6 +25,7 @@ def test_anthropic_sdk_agent_on_the_embedded_model(tmp_path: Path) -> None:
     (variant,) = doc["variants"]
     assert variant["finished"] == 3 and variant["missing"] == 0, variant["missing_reasons"]
     assert 0.0 <= variant["accuracy"]["mean"] <= 1.0 and variant["cost_usd"] == 0.0
+    assert variant["model_warnings"] == [] and "warning" not in result.stderr
 
     store = RunStore(tmp_path / doc["run_id"] / "store.sqlite")
     calls = store.calls()
@@ -32,7 +33,7 @@ def test_anthropic_sdk_agent_on_the_embedded_model(tmp_path: Path) -> None:
     for call in calls:
         assert call.status_code == 200 and call.api.value == "anthropic.messages"
         assert call.upstream == "local" and call.model == "smollm2-135m-instruct"
-        assert call.request_model == "claude-haiku-4-5"  # the agent keeps its own model name
+        assert call.request_model == "local/smollm2-135m-instruct"  # the agent names the spec's model, as it does
         assert call.request["stop_sequences"] == ["RESULT:"] and call.request["system"].startswith("You are")
         assert call.response["type"] == "message" and call.response["content"][0]["type"] == "text"
         assert call.prompt_token_ids and call.completion_token_ids  # recorded through the translation, for training

@@ -31,6 +31,7 @@ def test_eval_of_the_offline_example_on_20_tasks(tmp_path: Path) -> None:
     assert 0.0 <= lo <= mean <= hi <= 1.0
     assert variant["tokens"]["input"] > 0 and variant["tokens"]["output"] > 0
     assert variant["latency_s"]["p50"] > 0 and variant["cost_usd"] == 0.0
+    assert variant["model_warnings"] == [] and "warning" not in result.stderr
 
     store = RunStore(tmp_path / doc["run_id"] / "store.sqlite")
     rollouts = store.rollouts()
@@ -42,7 +43,7 @@ def test_eval_of_the_offline_example_on_20_tasks(tmp_path: Path) -> None:
             continue  # the call in flight when the agent was killed: recorded as the client going away
         assert call.status_code == 200 and call.api.value == "openai.chat"
         assert call.upstream == "local" and call.model == "smollm2-135m-instruct"
-        assert call.request_model == "gpt-4o-mini"  # the agent keeps its own model name; the gateway routes it
+        assert call.request_model == "local/smollm2-135m-instruct"  # the agent names the spec's model: no fallback
         assert call.prompt_token_ids and call.completion_token_ids and call.logprobs
         assert len(call.completion_token_ids) == len(call.logprobs) == call.output_tokens
         assert len(call.prompt_token_ids) == call.input_tokens

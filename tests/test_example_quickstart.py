@@ -72,3 +72,6 @@ def test_the_readme_main_command_is_decisive(tmp_path: Path) -> None:
     best = tmp_path / "examples" / "quickstart" / "agl.best.yaml"
     assert "prompts/worked_example.md" in best.read_text().split("prompt_file:")[1].split(",")[0]
     assert list((tmp_path / ".agl" / "runs").glob("*/report/report.html"))
+    # The first report a new user reads opens on its verdict, with no warning above it.
+    (report,) = (tmp_path / ".agl" / "runs").glob("*/report/report.md")
+    assert "**Note:**" not in report.read_text() and "warning" not in result.stderr, result.stderr[-3000:]

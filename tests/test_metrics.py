@@ -26,9 +26,9 @@ from tests.helpers.make_runs import make_scored_run
 
 EVAL_KEYS = {"name", "n", "planned", "finished", "accuracy", "missing", "missing_reasons", "error_rate",
              "timeout_rate", "latency_s", "tokens", "calls", "cost_usd", "unpriced_calls", "knobs", "served_by",
-             "models", "model_warnings"}
+             "models", "model_warnings", "fully_right", "partial_credit"}
 STUDY_KEYS = {"name", "n_tasks", "rollouts", "accuracy", "cost_per_task_usd", "unpriced_calls", "latency_p95_s",
-              "pass_k", "tokens"}
+              "pass_k", "tokens", "fully_right"}
 
 
 def _rollout(task: str, seed: int, reward: float | None, *, status: RolloutStatus = RolloutStatus.succeeded,

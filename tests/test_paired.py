@@ -163,3 +163,67 @@ def test_ten_points_better_is_found_at_least_80_percent_at_n400() -> None:
     assert _rate(0.7, 0.8, 400, 250, BETTER) >= 0.80
     assert _rate(0.6, 0.7, 400, 150, BETTER) >= 0.75
     assert _rate(0.8, 0.7, 400, 50, BETTER) == 0.0  # and never the wrong way round
+
+
+def _partial(values: list[float]) -> dict[tuple[str, int], float]:
+    return {(f"t{i}", 0): v for i, v in enumerate(values)}
+
+
+def test_a_zero_difference_suggests_nothing_and_projects_no_task_count() -> None:
+    """A partial-credit grader (the mean of three fields) scores a task 0.1 + 0.2 on one side and 0.3 on the other:
+    a difference of 5.6e-17, once read as an effect that "about 10^35 more tasks would likely decide"."""
+    a = _partial([0.1 + 0.2, 1.0, 2 / 3, 0.0, 1 / 3] * 4)
+    b = _partial([0.3, 1.0, 2 / 3, 0.0, 1 / 3] * 4)
+    result = compare(a, b)
+    assert result.verdict == NO_DIFFERENCE and result.b_better == result.a_better == 0
+    assert result.more_tasks is None and result.decide_with() is None
+    assert "nothing in these tasks suggests a difference" in result.why()
+    doc = result.as_dict()
+    assert doc["more_tasks"] is None and "nothing in these tasks suggests a difference" in doc["why"]
+    # Wins and losses that cancel (up to floating point: -0.30000000000000004 against +0.3, a mean of -4e-18 that
+    # Connor's formula turned into ~10^33 tasks): the same words, with the counts.
+    even = compare(_partial([0.1 + 0.2, 0.3] * 5), _partial([0.0, 0.6] * 5))
+    assert even.tasks_needed is None and even.more_tasks is None and even.decide_with() is None
+    assert "cancel out (5 vs 5): nothing in these tasks suggests a difference" in even.why()
+
+
+def test_a_tiny_effect_projects_no_absurd_task_count() -> None:
+    """10 tasks won and 9 lost of 40: Connor's formula asks for thousands of tasks, a number that decides nothing for
+    a task set of 40; said as such, not as a count to go and get."""
+    a = _partial([0.0] * 10 + [1.0] * 9 + [0.5] * 21)
+    b = _partial([1.0] * 10 + [0.0] * 9 + [0.5] * 21)
+    result = compare(a, b)
+    assert result.tasks_needed is not None and result.tasks_needed > 100 * 40
+    assert result.more_tasks is None and "too small for more tasks to decide it" in (result.decide_with() or "")
+    # A real but undecided effect still gets its projection.
+    near = compare(_partial([0.0] * 8 + [1.0] * 2 + [0.5] * 10), _partial([1.0] * 8 + [0.0] * 2 + [0.5] * 10))
+    assert near.more_tasks is not None and near.decide_with() == f"about {near.more_tasks} more tasks would likely decide it"
+
+
+def test_every_verdict_says_which_check_decided_it() -> None:
+    # The sign test passes (9 tasks up a little, 1 down a lot: p = 0.021), the mean difference's interval holds 0.
+    a = _partial([0.5] * 10)
+    b = _partial([0.55] * 9 + [0.0])
+    undecided = compare(a, b)
+    assert undecided.p_value < 0.05 and undecided.verdict == NO_DIFFERENCE
+    assert undecided.as_dict()["checks"] == {"interval_excludes_zero": False, "test_passes": True}
+    assert undecided.why().startswith("decided by the interval: the sign test passes (p=0.0215 < 0.05")
+    # The interval clear of zero, the test not passing: 3 of 3 tasks up.
+    few = compare(_partial([0.0, 0.0, 0.0]), _partial([1.0, 1.0, 1.0]))
+    assert few.interval_excludes_zero and not few.test_passes and few.verdict == NO_DIFFERENCE
+    assert few.why().startswith("decided by the McNemar exact test: the interval excludes zero, but the test does not "
+                                "pass (p=0.25 >= 0.05; 3 tasks favour the candidate, 0 the baseline)")
+    decided = compare(_partial([0.0] * 12), _partial([1.0] * 12))
+    assert decided.verdict == BETTER and decided.why().startswith("both checks agree")
+    neither = compare(_partial([0.0, 1.0] * 6), _partial([1.0, 0.0] * 5 + [1.0, 1.0]))
+    assert neither.verdict == NO_DIFFERENCE and neither.why().startswith("neither check passes")
+
+
+def test_a_paired_interval_contains_the_difference() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        n = int(rng.integers(2, 7))
+        a = _partial(rng.choice([0.0, 1.0], size=n).tolist())
+        b = _partial(rng.choice([0.0, 1.0], size=n, p=[0.2, 0.8]).tolist())
+        lo, hi = paired_interval(pair_up(a, b), seed=int(rng.integers(1000)))
+        assert lo <= pair_up(a, b).difference <= hi

@@ -60,7 +60,8 @@ def test_eval_with_one_variant_reports_accuracy_with_n_and_interval_and_its_fail
     run, paths = reports["eval"]
     md = _text(paths, "report.md")
     verdict = md.split("## Verdict", 1)[1].split("##", 1)[0]
-    assert "**80.0% \\[50.0, 100.0\\]**" in verdict and "n = 10 scored rollouts over 10 tasks" in verdict
+    # 8 of 10: a Wilson interval, as every accuracy of 0/1 rewards has.
+    assert "**80.0% \\[49.0, 94.3\\]**" in verdict and "n = 10 scored rollouts over 10 tasks" in verdict
     assert "on the test split" in verdict and "per task" in verdict
     assert "agent timeout 1" in verdict and "grader crashed 1" in verdict and "2 got a reward below 0.5" in verdict
     assert "pareto_cost.svg" not in md  # one point is no Pareto plot
@@ -230,7 +231,7 @@ def test_formatting_and_redaction_units() -> None:
     assert usd(0.00042) == "$0.000420" and usd(0.5, [0.5, 0.5]) == "$0.5000"
     assert nice_ticks(0, 0.87) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert nice_ticks(3, 3)[0] <= 3 <= nice_ticks(3, 3)[-1]
-    assert scrub_text("key sk-abc123def456 and Bearer abcdefghijkl") == "key sk-[redacted] and Bearer [redacted]"
+    assert scrub_text("key sk-abc123def456 and Bearer abcdef123456") == "key sk-[redacted] and Bearer [redacted]"
     assert scrub_text("MAX_TOKENS=1000 OPENAI_API_KEY=hunter22") == "MAX_TOKENS=1000 OPENAI_API_KEY=[redacted]"
     assert scrub({"headers": {"Authorization": "x"}, "max_tokens": 5}) == {
         "headers": {"Authorization": "[redacted]"}, "max_tokens": 5}

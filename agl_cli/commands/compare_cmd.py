@@ -180,10 +180,31 @@ def compare_sides(base: Side, candidates: list[Side], volume: Volume | None = No
             "cost_usd_per_task": cost,
             "cost_usd_per_month": difference_at_volume(cost, volume),
             "latency_s": difference(latencies(base.rollouts), latencies(side.rollouts)).as_dict(),
+            "fully_right": fully_right(base_scores, cand_scores[str(i)]),
             "served_by": {"baseline": base.served.served, "candidate": side.served.served},
             "model_warnings": base.served.warnings(base.label) + side.served.warnings(side.label),
         })
     return docs
+
+
+def fully_right(base: dict[tuple[str, int], float], candidate: dict[tuple[str, int], float]) -> dict[str, Any]:
+    """The share of rollouts at reward 1 on each side, over the (task, seed) pairs both scored, with intervals, and
+    its paired difference: what a partial-credit grader's mean alone does not say (`partial_credit`)."""
+    from agl_cli.paired import pair_up, paired_interval
+    from agl_cli.stats import proportion
+
+    shared = sorted(base.keys() & candidate.keys())
+    tasks = [task for task, _ in shared]
+    a = {key: float(base[key] == 1.0) for key in shared}
+    b = {key: float(candidate[key] == 1.0) for key in shared}
+    paired = pair_up(a, b)
+    return {
+        "partial_credit": any(0.0 < side[key] < 1.0 for side in (base, candidate) for key in shared),
+        "baseline": proportion([a[key] for key in shared], tasks).as_dict(),
+        "candidate": proportion([b[key] for key in shared], tasks).as_dict(),
+        "difference": {"mean": paired.difference if shared else None,
+                       "ci95": list(paired_interval(paired)) if shared else None},
+    }
 
 
 def same_model_problems(base: Side, candidates: list[Side]) -> list[str]:
@@ -207,6 +228,11 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
         f"{label}: {doc['verdict']} — accuracy {points(diff['mean'], diff['ci95'])} over "
         f"{doc['n_tasks']} tasks ({doc['n_pairs']} pairs; {TESTS.get(doc['test'], doc['test'])} {p})"
     )
+    full = doc.get("fully_right")
+    if full and full["partial_credit"]:
+        text += (f"; fully right {pct(full['baseline']['mean'], full['baseline']['ci95'])} -> "
+                 f"{pct(full['candidate']['mean'], full['candidate']['ci95'])} "
+                 f"({points(full['difference']['mean'], full['difference']['ci95'])})")
     cost = doc.get("cost_usd_per_task")
     from agl_cli.costs import cost_unknown_reason
 
@@ -223,8 +249,12 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
     latency = doc.get("latency_s")
     if latency and latency["difference"]["mean"] is not None:
         text += f"; latency {seconds(latency['difference']['mean'], latency['difference']['ci95'], signed=True)}"
-    if doc.get("more_tasks"):
+    if doc.get("decide_with"):
+        text += f"; {doc['decide_with']}"
+    elif doc.get("more_tasks"):  # a document written before `decide_with` existed
         text += f"; about {doc['more_tasks']} more tasks would likely decide it"
+    if doc.get("why"):
+        text += f"\n  why: {doc['why']}"
     return text
 
 

@@ -225,6 +225,11 @@ def _run_plan(
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
+    from agl_cli.secret_env import short_secret_note
+
+    notes = [note] if (note := short_secret_note(spec)) else []
+    if notes:
+        manifest["notes"] = notes  # the report shows them among its caveats
     run.write_manifest(manifest)
     if interrupted:
         console.print(
@@ -243,6 +248,7 @@ def _run_plan(
                       "not_reused": not_reused.get(s.name, {})} for s in summaries],
         "reuse": reuse.as_json(),
         "spend": spend.as_json(),
+        "notes": notes,
         "_summaries": summaries,
         "_spend": spend,
     }

@@ -199,6 +199,11 @@ def serve_command(
         with resolver.started_upstreams(specs, resolve=lambda relative: base / Path(relative).expanduser(),
                                         policy=policy, token_ids=token_ids or [], key_envs=key_envs,
                                         log=console.print) as started:
+            from rl_backend.store.redact import short_secrets, short_secrets_note
+
+            if note := short_secrets_note(short_secrets({f"the key of upstream {name}": up.api_key
+                                                         for name, up in started.resolved.items()})):
+                console.print(f"note: {note}", markup=False)
             ready: dict[str, Any] = {"store": str(store_path.resolve()), "upstreams": sorted(started.resolved),
                                      "default_model": default_model, "pid": os.getpid(), "listen": hosts}
             if generated:

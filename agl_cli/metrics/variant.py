@@ -1,8 +1,10 @@
 """One variant's metrics, measured from its rollouts and their recorded calls: what `agl eval` prints, what a
 report tabulates and plots, what `agl optimize` ranks and constrains.
 
-- accuracy: the mean reward of the scored rollouts, with a 95% interval that resamples tasks (n = scored rollouts);
-  a rollout without a reward is missing, with its reason, never a 0;
+- accuracy: the mean reward of the scored rollouts, with a 95% interval over tasks (n = scored rollouts; Wilson
+  for 0/1 rewards, a bootstrap for partial credit, marked rough at few tasks: agl_cli.stats.mean_reward); a rollout
+  without a reward is missing, with its reason, never a 0;
+- fully right: with partial credit, the share of scored rollouts at reward 1 beside the mean, with its interval;
 - wrong: scored rollouts below the pass threshold (rl_backend.rewards); pass^k: the share of tasks whose k seeds
   all passed (n = tasks with k scored seeds), with a Wilson interval;
 - errors: agent errors and timeouts among the finished rollouts, with a Wilson interval; latency p50 and p95;
@@ -21,7 +23,7 @@ from typing import Any
 
 from agl_cli.costs import rollout_costs, totals_of
 from agl_cli.served import ServedModels, served_models
-from agl_cli.stats import Estimate, bootstrap_mean, percentile, wilson_interval
+from agl_cli.stats import MIN_BOOTSTRAP_TASKS, Estimate, bootstrap_mean, mean_reward, percentile, proportion, wilson_interval
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD, passed
 from rl_backend.store.records import CallTotals, ModelUse, Rollout, RolloutStatus
 
@@ -54,6 +56,8 @@ class VariantMetrics:
     pass_threshold: float
     knobs: dict[str, Any] = field(default_factory=dict)
     served: ServedModels = field(default_factory=ServedModels)
+    fully_right: Estimate = field(default_factory=lambda: Estimate(None, None, 0, "none"))  # share at reward 1
+    partial_credit: bool = False  # some reward lies strictly between 0 and 1: then fully_right says more than accuracy
 
     @property
     def model_warnings(self) -> list[str]:
@@ -66,7 +70,9 @@ class VariantMetrics:
             "n": self.accuracy.n,
             "planned": self.planned,
             "finished": self.finished,
-            "accuracy": {"mean": self.accuracy.mean, "ci95": list(self.accuracy.ci95) if self.accuracy.ci95 else None},
+            "accuracy": self.accuracy.as_dict(),
+            "fully_right": self.fully_right.as_dict(),
+            "partial_credit": self.partial_credit,
             "missing": self.missing,
             "missing_reasons": self.missing_reasons,
             "error_rate": self.error_rate.mean,
@@ -86,7 +92,8 @@ class VariantMetrics:
         """The variant as a study's result lists it (`agl optimize --json`): what optimize ranks and constrains."""
         return {
             "name": self.name, "n_tasks": self.n_tasks, "rollouts": self.finished,
-            "accuracy": self.accuracy.as_dict(), "cost_per_task_usd": self.cost_per_task.mean,
+            "accuracy": self.accuracy.as_dict(), "fully_right": self.fully_right.as_dict(),
+            "cost_per_task_usd": self.cost_per_task.mean,
             "unpriced_calls": self.unpriced_calls,
             "latency_p95_s": self.latency_p95,
             "pass_k": {"k": self.k, "mean": self.pass_k.mean, "n_tasks": self.pass_k.n},
@@ -94,16 +101,23 @@ class VariantMetrics:
         }
 
 
+def rough_note(rows: list[VariantMetrics]) -> str | None:
+    """Which accuracies rest on too few tasks for their (bootstrap) interval, as words; None when none does."""
+    rough = [r for r in rows if r.accuracy.rough]
+    if not rough:
+        return None
+    tasks = max(r.accuracy.tasks or r.accuracy.n for r in rough)
+    return (f"accuracy of {', '.join(r.name for r in rough)}: partial-credit rewards over "
+            f"{'' if len(rough) == 1 else 'at most '}{tasks} tasks, fewer than {MIN_BOOTSTRAP_TASKS}: read its "
+            "interval as rough (likely too narrow)")
+
+
 def _spread(values: list[float] | None, tasks: list[str]) -> Estimate:
     """Mean cost (or tokens) per rollout with a task-resampled interval; none when a cost is unknown. Equal values
-    (a free local model) have a zero-width interval: bootstrap_mean would give 0/1 data a Wilson interval, which is
-    for proportions, not dollars."""
+    (a free local model) have a zero-width interval."""
     if not values:
-        return Estimate(None, None, 0)
-    mean = sum(values) / len(values)
-    if min(values) == max(values):
-        return Estimate(mean, (values[0], values[0]), len(values))
-    return Estimate(mean, bootstrap_mean(values, tasks).ci95, len(values))
+        return Estimate(None, None, 0, "none")
+    return bootstrap_mean(values, tasks)
 
 
 def _pass_k(scored: list[tuple[str, float]], k: int, threshold: float) -> Estimate:
@@ -115,7 +129,7 @@ def _pass_k(scored: list[tuple[str, float]], k: int, threshold: float) -> Estima
     if not complete:
         return Estimate(None, None, 0)
     hits = sum(1 for values in complete if all(passed(v, threshold) for v in values))
-    return Estimate(hits / len(complete), wilson_interval(hits, len(complete)), len(complete))
+    return Estimate(hits / len(complete), wilson_interval(hits, len(complete)), len(complete), "wilson")
 
 
 def measure(
@@ -144,12 +158,12 @@ def measure(
         planned=planned,
         finished=len(finished),
         n_tasks=len(set(tasks)),
-        accuracy=bootstrap_mean([reward for _, reward in scored], [task for task, _ in scored]),
+        accuracy=mean_reward([reward for _, reward in scored], [task for task, _ in scored]),
         wrong=sum(1 for _, reward in scored if not passed(reward, pass_threshold)),
         missing=planned - len(scored),
         missing_reasons=dict(reasons),
-        error_rate=Estimate(bad / len(finished), wilson_interval(bad, len(finished)), len(finished)) if finished
-        else Estimate(None, None, 0),
+        error_rate=Estimate(bad / len(finished), wilson_interval(bad, len(finished)), len(finished), "wilson")
+        if finished else Estimate(None, None, 0, "none"),
         timeout_rate=timeouts / len(finished) if finished else None,
         latency_p50=percentile(durations, 50),
         latency_p95=percentile(durations, 95),
@@ -165,4 +179,6 @@ def measure(
         pass_threshold=pass_threshold,
         knobs=knobs or {},
         served=served_models(finished, uses or {}),
+        fully_right=proportion([float(reward == 1.0) for _, reward in scored], [task for task, _ in scored]),
+        partial_credit=any(0.0 < reward < 1.0 for _, reward in scored),
     )

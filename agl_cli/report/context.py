@@ -14,6 +14,7 @@ from typing import Any
 from agl_cli.costs import cost_unknown_reason
 from agl_cli.metrics.cost import month_column, per_month_text
 from agl_cli.metrics.fmt import count, pct, plural, points, seconds, unpriced_text, usd
+from agl_cli.metrics.variant import rough_note
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
 from agl_cli.report.collect import RunData, Section
@@ -51,6 +52,9 @@ def _variant_table(section: Section, seeds: int, threshold: float, study_rows: d
                    volume: Volume | None = None) -> Table:
     k = seeds
     columns = [("variant", "l"), ("role", "l"), ("n", "r"), ("accuracy [95% CI]", "r")]
+    partial = any(r.partial_credit for r in section.rows)
+    if partial:
+        columns.append(("fully right [95% CI]", "r"))
     if k > 1:
         columns.append((f"pass^{k} [95% CI]", "r"))
     columns += [("cost/task [95% CI]", "r")] + ([(month_column(volume), "r")] if volume is not None else [])
@@ -62,6 +66,8 @@ def _variant_table(section: Section, seeds: int, threshold: float, study_rows: d
     rows: list[list[Cell | str]] = []
     for r in section.rows:
         row: list[Cell | str] = [r.name, section.role_of(r.name), str(r.accuracy.n), pct(r.accuracy.mean, r.accuracy.ci95)]
+        if partial:
+            row.append(pct(r.fully_right.mean, r.fully_right.ci95))
         if k > 1:
             tasks = r.pass_k.n
             row.append(pct(r.pass_k.mean, r.pass_k.ci95) + (f" (n={tasks})" if tasks else ""))
@@ -79,6 +85,10 @@ def _variant_table(section: Section, seeds: int, threshold: float, study_rows: d
         rows.append(row)
     note = ("n counts scored rollouts; intervals resample tasks. pass^k is the share of tasks whose k seeds all "
             f"scored at least {threshold:g}." if k > 1 else "n counts scored rollouts; intervals resample tasks.")
+    if partial:
+        note += " Rewards give partial credit: accuracy is their mean, fully right the share of rollouts at reward 1."
+    if rough_note(section.rows):
+        note += f" The {rough_note(section.rows)}."
     if any(r.unpriced_calls for r in section.rows):
         note += (" A cost of — is unknown: some calls have no price (declare it under `prices:` in agl.yaml); "
                  "such variants are left out of cost comparisons.")

@@ -24,7 +24,10 @@ _SECRET_KEY = re.compile(
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     # Authorization header values and bearer tokens anywhere in text.
     (re.compile(r"(?i)\b(authorization\s*[:=]\s*)(\"?)[^\s\"',;]+(?:\s+[^\s\"',;]+)?"), r"\1\2" + REDACTED),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
+    # The token after the scheme must look like one (a digit or one of ._~+/=-, mixed case, or 24+ letters):
+    # "a basic configuration" is English, not a credential.
+    (re.compile(r"\b([Bb]earer|[Bb]asic|BEARER|BASIC)\s+(?=[A-Za-z]*[0-9._~+/=-]|[A-Za-z]*[a-z][A-Za-z]*[A-Z]|"
+                r"[A-Za-z]{24})[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
     # OpenAI / Anthropic style keys: sk-..., sk-proj-..., sk-ant-...
     (re.compile(r"\bsk-[A-Za-z0-9_-]{6,}"), "sk-" + REDACTED),
     # agl's own per-rollout gateway tokens.

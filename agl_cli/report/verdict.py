@@ -2,7 +2,7 @@
 cost per task; for a single variant, its accuracy with n and interval and what the failures were.
 
 "Better" is only said when the paired interval excludes zero and the test passes (agl_cli.paired decides);
-otherwise the paragraph says so, and about how many more tasks would likely decide it.
+otherwise the paragraph says so, which check decided it, and about how many more tasks would likely decide it.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def _single(row: VariantMetrics, section: Section) -> Rich:
         (f" (95% interval) on {section.label} (n = {row.accuracy.n} scored rollouts over {plural(tasks, 'task')}), "
          f"{_per_task(row)}", False),
     ]
+    if row.accuracy.rough:
+        pieces.append((f" (a bootstrap interval over {plural(tasks, 'task')} of partial credit: rough)", False))
+    if row.partial_credit:
+        pieces.append((f"; fully right (reward 1): {pct(row.fully_right.mean, row.fully_right.ci95)} of the "
+                       f"{row.fully_right.n} scored", False))
     if row.pass_k.mean is not None and row.k > 1:
         pieces.append((f"; pass^{row.k} {pct(row.pass_k.mean, row.pass_k.ci95)}", False))
     pieces.append((f". Of {row.finished} finished rollouts, {row.wrong} got a reward below {row.pass_threshold:g}", False))
@@ -106,10 +111,12 @@ def _comparison(doc: dict[str, Any], baseline: str, winner: str, section: Sectio
     if doc["verdict"] == WORSE:
         return [(lead, False), (winner, True), (" is worse than ", False), *_the_baseline(baseline),
                 (" by ", False), (effect, True), (where + tail, False)]
-    more = doc.get("more_tasks")
-    decide = f" About {more} more tasks would likely decide it." if more else ""
+    more, why, decide_with = doc.get("more_tasks"), doc.get("why"), doc.get("decide_with")
+    decide = f" {decide_with[0].upper()}{decide_with[1:]}." if decide_with else \
+        f" About {more} more tasks would likely decide it." if more else ""
+    why_text = f" Why: {why}." if why else ""
     return [(lead, False), ("No detectable difference", True), (" between ", False), (winner, True),
-            (" and ", False), *_the_baseline(baseline), (f": {effect}{where}{tail}{decide}", False)]
+            (" and ", False), *_the_baseline(baseline), (f": {effect}{where}{tail}{why_text}{decide}", False)]
 
 
 def _study(data: RunData) -> Rich:
@@ -154,6 +161,7 @@ def notes(data: RunData) -> list[str]:
         out.append(f"the run's status is {str(status).replace('_', ' ')}: it is incomplete")
     if data.study:
         out += [str(m) for m in data.study.get("messages", [])]
+    out += [str(n) for n in data.manifest.get("notes") or []]
     if data.kind != "study" and len(data.primary.rows) > 2 and data.comparison:
         if data.primary.role == "held-out confirmation":
             out.append(f"{len(data.primary.rows) - 1} candidates were confirmed on these held-out tasks at once; "

@@ -76,8 +76,8 @@ def agl_train(spec: Path, runs: Path, settings: dict[str, Any], loop: str, heldo
 
 
 def side_accuracy(run_dir: Path, variant: str) -> dict[str, Any]:
-    """Held-out accuracy of one side, as agl shows it: mean reward with a bootstrap 95% interval over tasks."""
-    from agl_cli.stats import bootstrap_mean
+    """Held-out accuracy of one side, as agl shows it: mean reward with its 95% interval over tasks (agl_cli.stats)."""
+    from agl_cli.stats import mean_reward
     from rl_backend.store.db import RunStore
 
     store = RunStore(run_dir / "store.sqlite")
@@ -85,7 +85,7 @@ def side_accuracy(run_dir: Path, variant: str) -> dict[str, Any]:
         scored = [r for r in store.rollouts(latest_only=True) if r.variant == variant and r.reward is not None]
     finally:
         store.close()
-    est = bootstrap_mean([float(r.reward) for r in scored], [r.task_id for r in scored])  # type: ignore[arg-type]
+    est = mean_reward([float(r.reward) for r in scored], [r.task_id for r in scored])  # type: ignore[arg-type]
     return est.as_dict()
 
 

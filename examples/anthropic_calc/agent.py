@@ -5,11 +5,12 @@ Run it on one task:
     python agent.py --task task.json --out answer.txt
 
 It reads ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY from the environment (under `agl`, the gateway sets them) and keeps
-its own model name (AGENT_MODEL, default claude-haiku-4-5); `agl` maps that name to whichever model the experiment
-serves. On the embedded model, the gateway translates each Messages call to an OpenAI chat completion and the answer
-back, so this agent runs offline on SmolLM2-135M-Instruct. The tool protocol is the calc example's: the model writes
-`CALC: <expression>`, the agent answers `RESULT: <value>`, and the model finishes with `ANSWER: <number>`. Settings:
-AGENT_PROMPT_FILE (system prompt, default ../calc/prompts/system.md), AGENT_MAX_TURNS (6), AGENT_TEMPERATURE (0).
+its own model name (AGENT_MODEL, default local/smollm2-135m-instruct: the model its agl.yaml serves, named as the
+spec names it, so the gateway routes it there by name and no report warns of a fallback). On the embedded model,
+the gateway translates each Messages call to an OpenAI chat completion and the answer back, so this agent runs
+offline on SmolLM2-135M-Instruct. The tool protocol is the calc example's: the model writes `CALC: <expression>`,
+the agent answers `RESULT: <value>`, and the model finishes with `ANSWER: <number>`. Settings: AGENT_PROMPT_FILE
+(system prompt, default ../calc/prompts/system.md), AGENT_MAX_TURNS (6), AGENT_TEMPERATURE (0).
 """
 
 import argparse
@@ -23,7 +24,7 @@ from pathlib import Path
 import anthropic
 
 CALC_DIR = Path(__file__).resolve().parent.parent / "calc"
-MODEL = os.environ.get("AGENT_MODEL", "claude-haiku-4-5")
+MODEL = os.environ.get("AGENT_MODEL", "local/smollm2-135m-instruct")
 MAX_TURNS = int(os.environ.get("AGENT_MAX_TURNS", "6"))
 TEMPERATURE = float(os.environ.get("AGENT_TEMPERATURE", "0"))
 PROMPT_FILE = os.environ.get("AGENT_PROMPT_FILE") or str(CALC_DIR / "prompts" / "system.md")

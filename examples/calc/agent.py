@@ -5,7 +5,8 @@ Run it on one task:
     python agent.py --task task.json --out answer.txt
 
 It reads OPENAI_BASE_URL and OPENAI_API_KEY from the environment (under `agl`, the gateway sets them) and keeps its
-own model name (AGENT_MODEL, default gpt-4o-mini); `agl` maps that name to whichever model the experiment serves.
+own model name (AGENT_MODEL, default local/smollm2-135m-instruct: the model its agl.yaml serves, named as the
+spec names it, upstream/model, so the gateway routes it there by name and no report warns of a fallback).
 The model talks a plain-text tool protocol: it writes `CALC: <expression>`, the agent answers `RESULT: <value>`, and
 the model finishes with `ANSWER: <number>`. Other settings: AGENT_PROMPT_FILE (system prompt, default
 prompts/system.md), AGENT_MAX_TURNS (6), AGENT_TEMPERATURE (0).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from openai import OpenAI
 
-MODEL = os.environ.get("AGENT_MODEL", "gpt-4o-mini")
+MODEL = os.environ.get("AGENT_MODEL", "local/smollm2-135m-instruct")
 MAX_TURNS = int(os.environ.get("AGENT_MAX_TURNS", "6"))
 TEMPERATURE = float(os.environ.get("AGENT_TEMPERATURE", "0"))
 PROMPT_FILE = os.environ.get("AGENT_PROMPT_FILE") or str(Path(__file__).parent / "prompts" / "system.md")

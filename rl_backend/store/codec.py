@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from rl_backend.store.records import CallRecord, Rollout
-from rl_backend.store.redact import REDACTED
+from rl_backend.store.redact import redact_text, redactable
 
 CALL_COLUMNS = tuple(CallRecord.model_fields)
 _CALL_JSON = frozenset({"request", "response", "prompt_token_ids", "completion_token_ids", "logprobs", "knobs_applied"})
@@ -51,12 +51,10 @@ def load_json(text: str | bytes | None) -> Any:
 
 
 def _redact(text: str, secrets: Sequence[str], *, json_text: bool) -> str:
-    for secret in secrets:
-        # In JSON text the secret appears as a JSON string would spell it.
-        spelled = orjson.dumps(secret).decode()[1:-1] if json_text else secret
-        if spelled and spelled in text:
-            text = text.replace(spelled, REDACTED)
-    return text
+    """Whole secret values only (rl_backend.store.redact says which: never a short value, never inside a word). In
+    JSON text a secret appears as a JSON string would spell it."""
+    spelled = tuple(orjson.dumps(s).decode()[1:-1] if json_text else s for s in secrets if redactable(s))
+    return redact_text(text, spelled) if spelled else text
 
 
 def encode_call(record: CallRecord, secrets: Sequence[str] = ()) -> tuple[Any, ...]:
