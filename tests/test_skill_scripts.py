@@ -124,7 +124,28 @@ def test_journal_add_show_and_the_kept_rule(project: Path) -> None:
     shown = as_json(run_script("journal.py", "show", cwd=project))
     assert len(shown["entries"]) == 1
     table = run_script("journal.py", "show", "--markdown", cwd=project)
-    assert "| prompt | prompt v2 | better | +25.0 pts | kept |" in table.stdout
+    # Every difference with its interval and n, the number of tasks it rests on.
+    assert "| prompt | prompt v2 | val | better | +25.0 pts [+10.0, +40.0] | 40 | kept |" in table.stdout
+    as_json(run_script("journal.py", "add", "--hypothesis", "h", "--lever", "model", "--change", "c",
+                       "--verdict", "no detectable difference", "--difference", "0.02", "--decision", "reverted",
+                       cwd=project))
+    table = run_script("journal.py", "show", "--markdown", cwd=project)
+    assert "| model | c |  | no detectable difference | +2.0 pts | ? | reverted |" in table.stdout  # unknown n
+
+
+def test_journal_takes_several_levers_for_one_change(project: Path) -> None:
+    both = as_json(run_script("journal.py", "add", "--hypothesis", "the new prompt needs the large model",
+                              "--lever", "prompt,model", "--change", "prompt v3 on the large model",
+                              "--verdict", "better", "--difference", "0.13", "--decision", "kept", cwd=project))
+    assert both["entry"]["levers"] == ["prompt", "model"] and both["entry"]["lever"] == "prompt+model"
+    repeated = as_json(run_script("journal.py", "add", "--hypothesis", "h", "--lever", "prompt", "--lever",
+                                  "reasoning-effort", "--change", "c", "--decision", "pending", cwd=project))
+    assert repeated["entry"]["levers"] == ["prompt", "reasoning-effort"]
+    bad = run_script("journal.py", "add", "--hypothesis", "h", "--lever", "prompt,vibes", "--change", "c",
+                     "--decision", "pending", cwd=project)
+    assert bad.returncode == 2 and "vibes" in json.loads(bad.stderr)["error"]
+    table = run_script("journal.py", "show", "--markdown", cwd=project).stdout
+    assert "| prompt + model | prompt v3 on the large model |" in table
 
 
 def test_spend_against_a_budget(project: Path) -> None:
@@ -215,7 +236,9 @@ def test_journal_names_the_candidate_and_records_the_test_confirmation(variants_
                             "--decision", "kept", cwd=folder)
     assert same_split.returncode == 2 and "held-out" in same_split.stderr
     table = run_script("journal.py", "show", "--markdown", cwd=folder).stdout
-    assert "| prompt | prompt v2 | better | +70.0 pts | kept | better +40.0 pts |" in table
+    entry_row = next(line for line in table.splitlines() if "| kept |" in line)
+    assert "| prompt | prompt v2 | val | better | +70.0 pts [" in entry_row and "| 20 | kept | better +40.0 pts [" in entry_row
+    assert entry_row.endswith("(n=20) |")
 
 
 def test_journal_refuses_to_keep_what_the_test_split_calls_worse(variants_on_val_and_test: tuple[Path, str]) -> None:

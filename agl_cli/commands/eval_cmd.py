@@ -219,7 +219,7 @@ def eval_command(
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks (of the split).")] = None,
     seeds: Annotated[int | None, typer.Option(help="Runs per task (default: the spec's `seeds`).")] = None,
-    split: Annotated[str | None, typer.Option(help="Only tasks of this split, e.g. val or test.")] = None,
+    split: Annotated[str | None, typer.Option(help="Only tasks of this split (e.g. val or test), or of several (val,train).")] = None,  # noqa: E501
     resume: Annotated[str | None, typer.Option(help="Finish this run instead of starting one.")] = None,
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
