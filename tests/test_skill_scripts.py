@@ -80,7 +80,10 @@ def test_failures_summarises_the_latest_run(project: Path) -> None:
     assert (base["finished"], base["scored"], base["passed"], base["failed_scored"], base["missing_reward"]) == \
         (4, 2, 1, 1, 2)
     assert base["missing_reasons"] == {"agent_crashed": 1, "no_output": 1}
-    assert base["by_model"]["openai/gpt-4.1-mini"]["calls"] == 4
+    model = base["by_model"]["openai/gpt-4.1-mini"]
+    assert model["calls"] == 4
+    # Four calls of 1.5 s each: 6 s spent in them, 1.5 s per call; never a bare `latency_s` that reads as per call.
+    assert model["latency_s_total"] == 6.0 and model["latency_s_per_call"] == 1.5 and "latency_s" not in model
     assert base["model_time_share"] == 0.75 and base["cost_per_rollout_usd"] == 0.001
     assert doc["failure_kinds"] == {"low_reward": 1, "agent_crashed": 1, "no_output": 1}
     assert doc["common_errors"][0]["line"] == "KeyError: 'answer'"
