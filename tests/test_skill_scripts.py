@@ -159,6 +159,26 @@ def test_spend_against_a_budget(project: Path) -> None:
     assert as_json(run_script("spend.py", "--since", "2999-01-01", cwd=project))["rollouts"] == 0
 
 
+def test_spend_reads_the_budget_of_the_projects_agl_yaml(project: Path) -> None:
+    """The user's "don't spend more than $0.01 on the experiments", written as agl.yaml's budget, is what the
+    script measures against by default: spent and left across the spec's runs."""
+    import yaml
+
+    (project / "tasks.jsonl").write_text('{"id": "ok"}\n')
+    (project / "agl.yaml").write_text(yaml.safe_dump({
+        "agent": {"command": "python agent.py {task_file} {output_file}"}, "tasks": {"path": "tasks.jsonl"},
+        "grader": {"command": "python grade.py {task_file} {output_file}"},
+        "budget": {"usd": 0.01, "rollouts": 10, "scope": "experiment"}}))
+    doc = as_json(run_script("spend.py", cwd=project))
+    assert doc["budget"]["usd"] == 0.01 and doc["budget"]["scope"] == "experiment"
+    assert doc["usd"] == pytest.approx(0.006) and doc["left"]["usd"] == pytest.approx(0.004)
+    assert doc["left"]["rollouts"] == 4 and doc["over_budget"] is False
+    flags = as_json(run_script("spend.py", "--budget-usd", "0.005", cwd=project))  # a ceiling of one's own
+    assert flags["budget"]["source"] == "flags" and flags["over_budget"] is True
+    everything = as_json(run_script("spend.py", "--all", cwd=project))
+    assert everything["spec"] is None and everything["left"] == {"usd": None, "rollouts": None}
+
+
 def test_an_unpriced_call_makes_the_cost_unknown_not_zero(project: Path) -> None:
     run = next((project / ".agl" / "runs").iterdir())
     store = RunStore(run / "store.sqlite")

@@ -21,8 +21,10 @@ def _prepare_new(
     config: Path, variant_names: list[str], limit: int | None, seeds: int | None, split: str | None,
     runs_dir: Path | None,
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
+    from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.optimize.cache import agent_version
     from agl_cli.preflight import check_commands
     from agl_cli.prices import check_budget_prices
@@ -36,6 +38,7 @@ def _prepare_new(
     spec = load_spec(config)
     check_budget_prices(spec, spec.budget.usd)  # before the run exists: nothing to clean up
     check_commands(spec, spec_path=config / "agl.yaml" if config.is_dir() else config)
+    limit_to_experiment(spec, config / "agl.yaml" if config.is_dir() else config, runs_dir, log=stderr_console().print)
     tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
     variants = [parse_variant(spec, name) for name in variant_names] or [baseline(spec)]
     unique = {v.name: v for v in variants}
@@ -70,8 +73,10 @@ def _prepare_new(
 def _prepare_resume(
     reference: str, runs_dir: Path | None
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
+    from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
     from agl_cli.spec import load_spec
@@ -89,6 +94,7 @@ def _prepare_resume(
     run.require(manifest, "spec_path", "task_ids", "variants", "seeds")
     spec = load_spec(Path(manifest["spec_path"]))
     check_commands(spec, spec_path=Path(manifest["spec_path"]))
+    limit_to_experiment(spec, Path(manifest["spec_path"]), runs_dir, exclude=run.path, log=stderr_console().print)
     by_id = {t.id: t for t in load_tasks(spec)}
     missing = [tid for tid in manifest["task_ids"] if tid not in by_id]
     if missing:
@@ -142,10 +148,11 @@ def execute_eval(
     console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
     interrupted = False
     spend_limit = None
-    if spec.budget.usd is not None:
+    max_usd = spec.budget.run_usd()
+    if max_usd is not None:
         from rl_backend.gateway.budget import SpendLimit
 
-        spend_limit = SpendLimit(spec.budget.usd, spent_usd=own_usd(store),
+        spend_limit = SpendLimit(max_usd, spent_usd=own_usd(store),
                                  hint="raise budget.usd in agl.yaml and resume the run")
     with running_services(spec, store, log=console.print, spend_limit=spend_limit) as services:
         controller = make_controller(spec, run.run_id)

@@ -143,6 +143,7 @@ def optimize_command(
     """Find the best variant on the validation split within a hard budget, confirm it on the test split."""
     from agl_cli.console import print_json, stderr_console, stdout_console
     from agl_cli.errors import UsageError
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.optimize.study import StudyOptions, create, prepare, reopen
     from agl_cli.rundir import runs_root
 
@@ -163,6 +164,7 @@ def optimize_command(
             raise UsageError("--resume STUDY takes no spec or search options, only --budget-usd and --max-rollouts: "
                              "the study has the rest")
         study = reopen(resume, runs_dir)
+        limit_to_experiment(study.spec, study.spec_path, runs_dir, exclude=study.run.path, log=console.print)
         if budget_usd is not None:
             study.options.budget_usd = budget_usd
         if max_rollouts is not None:
@@ -179,6 +181,7 @@ def optimize_command(
             limit=limit, confirm_limit=confirm_limit, reuse_failures=reuse_failures,
         )
         study = prepare(config, options, list(candidate or []), Path.cwd())
+        limit_to_experiment(study.spec, study.spec_path, runs_dir, log=console.print)
         use_cache = not no_cache
         if dry_run:
             from agl_cli.optimize.projection import dry_run as project

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 
 def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tuple[Any, RunDir]:
+    from agl_cli.console import stderr_console
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.optimize.cache import agent_version
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import RunDir, git_sha, runs_root
@@ -24,6 +26,7 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
     spec = load_spec(config)
     spec_path = config / "agl.yaml" if config.is_dir() else config
     check_commands(spec, spec_path=spec_path)
+    limit_to_experiment(spec, spec_path, runs_dir, log=stderr_console().print)
     run = RunDir.create(
         runs_root(runs_dir),
         spec_data=spec.model_dump(mode="json", exclude_none=True),
@@ -37,7 +40,9 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
 
 
 def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOptions]:
+    from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
     from agl_cli.spec import load_spec
@@ -50,6 +55,7 @@ def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOp
     run.require(manifest, "spec_path", "options")
     spec = load_spec(Path(manifest["spec_path"]))
     check_commands(spec, spec_path=Path(manifest["spec_path"]))
+    limit_to_experiment(spec, Path(manifest["spec_path"]), runs_dir, exclude=run.path, log=stderr_console().print)
     return spec, run, TrainOptions(**manifest["options"])
 
 
