@@ -94,6 +94,16 @@ def step_printer(console: Any, tracking: Any) -> Callable[[Any], None]:
     return on_step
 
 
+def stopped_message(stopped: dict[str, Any]) -> str:
+    """Why training stopped before its last step, and what that says about the agent's failures."""
+    left = stopped["of"] - stopped["after_iteration"]
+    return (f"training stopped after iteration {stopped['after_iteration']} of {stopped['of']}: {stopped['reason']}. "
+            f"The remaining {left} would not change the weights, so they were not run; the held-out comparison "
+            "judges what was trained. Reinforcement learning sharpens what the model already does sometimes "
+            "(format, protocol, when to stop, using tools); it does not add facts it lacks: see what the remaining "
+            "failures are with `agl advise`. To train on anyway: --no-stop-on-collapse")
+
+
 def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     """After a training run: its held-out before/after comparison, the manifest marked completed, the report, and
     the result document (what --json prints)."""
@@ -106,7 +116,8 @@ def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     run.write_manifest(manifest)
     trained = outcome["trained_model"]
     return {
-        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
+        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"],
+        "stopped_early": outcome.get("stopped_early"), "comparison": comparison,
         "trained_model": trained, "trained_adapter": outcome.get("trained_adapter"),
         "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
         if trained else None,
@@ -161,6 +172,11 @@ def train_command(
         help="Log each step's curves to experiment trackers, comma-separated: tensorboard (<run>/tensorboard), "
              "wandb (honours WANDB_* variables: WANDB_PROJECT, WANDB_MODE=offline, WANDB_DIR...), mlflow "
              "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME).")] = None,
+    stop_on_collapse: Annotated[bool | None, typer.Option(
+        "--stop-on-collapse/--no-stop-on-collapse",
+        help="Stop when the policy has collapsed: its entropy fell to half the first update's or less, and for 2 "
+             "iterations in a row every group's rollouts scored the same (no learning signal left). On by default; "
+             "with --resume, changes the run's setting.", show_default=False)] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this training run from its last checkpoint.")] = None,
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
@@ -185,7 +201,9 @@ def train_command(
             options.steps = steps
         if trackers is not None:
             options.track = trackers
-        if steps is not None or trackers is not None:
+        if stop_on_collapse is not None:
+            options.stop_on_collapse = stop_on_collapse
+        if steps is not None or trackers is not None or stop_on_collapse is not None:
             manifest = run.manifest()
             manifest["options"] = options.as_dict()
             run.write_manifest(manifest)
@@ -202,7 +220,8 @@ def train_command(
         options = TrainOptions(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
                                temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef,
                                train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit,
-                               loop=loop, max_staleness=max_staleness, track=trackers or [])
+                               loop=loop, max_staleness=max_staleness, track=trackers or [],
+                               stop_on_collapse=stop_on_collapse is not False)
         if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
             raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
         spec, run = _new_run(config, options, runs_dir)
@@ -226,6 +245,8 @@ def train_command(
         finally:
             tracking.close()
         result = finish_run(run, outcome)
+        if result["stopped_early"]:
+            console.print(stopped_message(result["stopped_early"]), markup=False)
         comparison = result["comparison"]
         trained = outcome["trained_model"]
     if json_output:
