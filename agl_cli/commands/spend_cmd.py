@@ -118,8 +118,9 @@ def _budget_lines(doc: dict[str, Any]) -> list[str]:
 
     budget, left = doc["budget"], doc["left"]
     if budget["usd"] is None and budget["rollouts"] is None:
-        return ["no budget: give one with --budget-usd / --budget-rollouts, or set `budget:` in agl.yaml"] \
-            if doc["spec"] else []
+        if doc["spec"]:
+            return ["no budget: give one with --budget-usd / --budget-rollouts, or set `budget:` in agl.yaml"]
+        return ["against the budget of agl.yaml here: agl spend agl.yaml"] if Path("agl.yaml").is_file() else []
     if budget["scope"] == "run":
         ceilings = ", ".join(x for x in (f"${budget['usd']:g}" if budget["usd"] is not None else "",
                                          f"{budget['rollouts']} rollouts" if budget["rollouts"] is not None else "") if x)
