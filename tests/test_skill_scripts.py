@@ -173,6 +173,8 @@ def test_spend_reads_the_budget_of_the_projects_agl_yaml(project: Path) -> None:
     assert doc["budget"]["usd"] == 0.01 and doc["budget"]["scope"] == "experiment"
     assert doc["usd"] == pytest.approx(0.006) and doc["left"]["usd"] == pytest.approx(0.004)
     assert doc["left"]["rollouts"] == 4 and doc["over_budget"] is False
+    later = as_json(run_script("spend.py", "--since", "2999-01-01", cwd=project))  # shows no run, but the
+    assert later["rollouts"] == 0 and later["left"]["usd"] == pytest.approx(0.004)  # experiment's ceiling counts all
     flags = as_json(run_script("spend.py", "--budget-usd", "0.005", cwd=project))  # a ceiling of one's own
     assert flags["budget"]["source"] == "flags" and flags["over_budget"] is True
     everything = as_json(run_script("spend.py", "--all", cwd=project))

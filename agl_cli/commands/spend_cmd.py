@@ -85,16 +85,18 @@ def spend_command(
     budget = _budget(spec_file, budget_usd, budget_rollouts)
     found = spent(runs_dir, spec=spec_file, since=since_epoch(since))
     runs, rollouts, priced, unpriced = found.runs, found.rollouts, found.priced_usd, found.unpriced_calls
+    # An experiment's budget covers every run of its spec, whatever --since shows.
+    basis = spent(runs_dir, spec=spec_file) if since and budget["scope"] == "experiment" else found
     limited = budget["scope"] != "run"
-    over = limited and ((budget["usd"] is not None and priced >= budget["usd"]) or (
-        budget["rollouts"] is not None and rollouts >= budget["rollouts"]))
+    over = limited and ((budget["usd"] is not None and basis.priced_usd >= budget["usd"]) or (
+        budget["rollouts"] is not None and basis.rollouts >= budget["rollouts"]))
     doc = {
         "runs_dir": str(found.root), "spec": str(spec_file.resolve()) if spec_file is not None else None,
         "runs": runs, "rollouts": rollouts,
         "usd": found.usd, "priced_usd": round(priced, 6), "unpriced_calls": unpriced,
         "reused_rollouts": sum(r["reused_rollouts"] for r in runs),
         "budget": {k: budget[k] for k in ("usd", "rollouts", "scope", "source")},
-        "left": _left(budget, rollouts, priced),
+        "left": _left(budget, basis.rollouts, basis.priced_usd),
         "over_budget": over,
         "skipped": [{"run_dir": str(s.path), "reason": s.reason} for s in found.skipped],
     }
@@ -128,12 +130,13 @@ def _budget_lines(doc: dict[str, Any]) -> list[str]:
                 "across runs; for one ceiling over every run of this spec, set `scope: experiment` under `budget:`"]
     lines = []
     if budget["usd"] is not None:
-        spent_usd = usd(doc["usd"], unpriced_calls=doc["unpriced_calls"])
+        spent_usd = usd(budget["usd"] - left["usd"])
+        if doc["unpriced_calls"]:
+            spent_usd = f"at least {spent_usd} ({doc['unpriced_calls']} calls without a price)"
         rest = usd(left["usd"]) if left["usd"] >= 0 else f"none ({usd(-left['usd'])} over)"
-        lines.append(f"budget: {spent_usd} spent of ${budget['usd']:g}, {rest} left"
-                     + (" (at least: some calls had no price)" if doc["unpriced_calls"] else ""))
+        lines.append(f"budget: {spent_usd} spent of ${budget['usd']:g}, {rest} left")
     if budget["rollouts"] is not None:
-        lines.append(f"budget: {doc['rollouts']} of {budget['rollouts']} rollouts launched, "
+        lines.append(f"budget: {budget['rollouts'] - left['rollouts']} of {budget['rollouts']} rollouts launched, "
                      f"{max(left['rollouts'], 0)} left")
     if doc["over_budget"]:
         lines.append("over budget: stop here and report; raising the budget is the user's decision")
