@@ -78,11 +78,11 @@ def spend_command(
     if config is not None and spec is not None:
         raise UsageError("give the spec once: as the argument (agl spend agl.yaml) or as --spec")
     spec_file = config if config is not None else spec
-    if spec_file is not None:
-        spec_file = spec_file / "agl.yaml" if spec_file.is_dir() else spec_file
-        if not spec_file.is_file():
-            raise UsageError(f"{spec_file}: no such experiment spec", hint="give the path of agl.yaml")
-    budget = _budget(spec_file, budget_usd, budget_rollouts)
+    if spec_file is not None and spec_file.is_dir():
+        spec_file = spec_file / "agl.yaml"
+    # A spec moved or deleted since still names its runs; only its budget cannot be read then.
+    budget = _budget(spec_file if spec_file is not None and spec_file.is_file() else None, budget_usd,
+                     budget_rollouts)
     found = spent(runs_dir, spec=spec_file, since=since_epoch(since))
     runs, rollouts, priced, unpriced = found.runs, found.rollouts, found.priced_usd, found.unpriced_calls
     # An experiment's budget covers every run of its spec, whatever --since shows.
@@ -120,6 +120,8 @@ def _budget_lines(doc: dict[str, Any]) -> list[str]:
 
     budget, left = doc["budget"], doc["left"]
     if budget["usd"] is None and budget["rollouts"] is None:
+        if doc["spec"] and not Path(doc["spec"]).is_file():
+            return [f"no budget: {doc['spec']} is not there to read one from (its runs are listed all the same)"]
         if doc["spec"]:
             return ["no budget: give one with --budget-usd / --budget-rollouts, or set `budget:` in agl.yaml"]
         return ["against the budget of agl.yaml here: agl spend agl.yaml"] if Path("agl.yaml").is_file() else []
