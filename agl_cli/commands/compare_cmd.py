@@ -160,6 +160,7 @@ def add_more_evidence(base: Side, candidates: list[Side], docs: list[dict[str, A
     spec_path = base.run.manifest().get("spec_path")
     splits: dict[str, list[str]] | None = None
     for side, doc in zip(candidates, docs, strict=True):
+        doc["more_evidence"] = None
         if doc["verdict"] != "no detectable difference":
             continue
         if splits is None:
