@@ -10,75 +10,54 @@ Criteria, in the order a team usually satisfies them:
 - verifiable_reward: a grader program (`grader.command` or `grader.entry`) scores nearly every finished rollout.
   A reward the agent reports itself (`grader.reported`) does not pass: the policy under training shapes what the
   agent reports, so it can learn to please the report instead of doing the task.
-- plateau: the last PLATEAU_WINDOW prompt-level attempts (studies and journal entries) gained less than
-  PLATEAU_MIN_GAIN accuracy. Each gain is measured against its own baseline, so gains add up only along a chain
-  of kept baselines (each attempt measured against what the one before it kept); an attempt measured against an
-  older baseline starts a new chain, and the largest chain counts. Fewer attempts than that is "unknown".
-- headroom: pass@k exceeds pass@1 by HEADROOM_MIN_GAP on tasks sampled several times (by the open-weight model
-  when it has such samples; a sample passes at the spec's `pass_threshold`): the model can sometimes solve what it
-  usually fails, which is what reinforcement learning sharpens.
+- plateau (advise_plateau.py): the last few prompt-level attempts (studies and journal entries) gained less than
+  a threshold along the chain of kept baselines. Fewer attempts than that is "unknown".
+- headroom (advise_failures.py): pass@k exceeds pass@1 on tasks sampled several times (by the open-weight model
+  when it has such samples): the model can sometimes solve what it usually fails, which is what reinforcement
+  learning sharpens. Repeats that never vary fail it: seeds would buy the same answer again.
+- remaining_failures (advise_failures.py): the failures left under the best configuration measured are mostly
+  behaviour (no answer, an answer in another form than the passing ones) or sometimes right; well-formed wrong
+  answers on tasks never solved are missing knowledge, which RL does not add.
 - train_tasks: enough distinct tasks in the `train` split, none duplicating a val or test task.
 - compute: a Kubernetes context, or a GPU (nvidia-smi, else torch.cuda in a subprocess); CPU only is a warning for
   a small model (<= CPU_MAX_PARAMS_B billion parameters) and a failure otherwise.
 - projection: rollouts, tokens and time for TRAIN_EPOCHS epochs of ROLLOUTS_PER_TASK rollouts per training task,
-  from the measured rollouts/min, tokens/s and cost per rollout; over the spec's budget fails.
+  from the measured rollouts/min, tokens/s and cost per rollout; over the spec's budget fails (with
+  `budget.scope: experiment`, over what the spec's runs left of it).
+
+Beside the verdict, `undecided` lists journal entries that lean better without being decided ("likely better,
+unproven"), with the evidence that could decide them: they are put to the user, never dropped in silence.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_cli.advise_criterion import FAIL, PASS, UNKNOWN, WARN, Criterion
 from agl_cli.advise_evidence import Evidence, RolloutRow
-from agl_cli.metrics.fmt import pct, points, usd
+from agl_cli.advise_failures import headroom, open_upstreams, pass_at, remaining_failures
+from agl_cli.advise_plateau import plateau, undecided
+from agl_cli.metrics.fmt import pct, usd
 from agl_cli.spec import ExperimentSpec
-from rl_backend.rewards import passed
 
 MIN_OPEN_ROLLOUTS = 10
 MIN_REWARD_COVERAGE = 0.95
-PLATEAU_WINDOW = 3
-PLATEAU_MIN_GAIN = 0.02
-HEADROOM_MIN_GAP = 0.10
-HEADROOM_MIN_TASKS = 10
-HEADROOM_MAX_K = 8
-MAX_PASS_AT_1 = 0.95
 MIN_TRAIN_TASKS = 100
 CPU_MAX_PARAMS_B = 1.0
 ROLLOUTS_PER_TASK = 4
 TRAIN_EPOCHS = 1
 
-PASS, WARN, FAIL, UNKNOWN = "pass", "warn", "fail", "unknown"
 TRAIN, NOT_YET = "train", "not yet"
-
-
-@dataclass
-class Criterion:
-    id: str
-    title: str
-    status: str
-    value: Any
-    threshold: str
-    detail: str
-    hint: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "status": self.status, "value": self.value,
-                "threshold": self.threshold, "detail": self.detail, "hint": self.hint}
-
-
-def _open_upstreams(spec: ExperimentSpec) -> dict[str, str]:
-    """Upstreams whose weights we hold: embedded ones, and openai-compatible ones that name their `weights`."""
-    return {name: up.kind for name, up in spec.upstreams.items()
-            if up.kind == "embedded" or (up.kind == "openai-compatible" and up.weights)}
+_open_upstreams = open_upstreams
+_pass_at = pass_at  # re-exported: the estimator the headroom criterion uses
 
 
 def _label(name: str, spec: ExperimentSpec) -> str:
@@ -145,136 +124,6 @@ def verifiable_reward(spec: ExperimentSpec, ev: Evidence) -> Criterion:
         return Criterion("verifiable_reward", title, FAIL, round(coverage, 4), threshold, detail,
                          "fix what leaves rollouts unscored first (the failures script lists the reasons)")
     return Criterion("verifiable_reward", title, PASS, round(coverage, 4), threshold, detail)
-
-
-def _attempts(ev: Evidence) -> list[dict[str, Any]]:
-    """Prompt-level attempts in time order: each finished study, each decided journal entry; each with what it was
-    measured against (`baseline_run`, `baseline_variant`) and what it kept (`candidate_run`, `candidate_variant`)
-    where that is known."""
-    attempts = []
-    for run in ev.runs:
-        result = run.study_result
-        if run.kind != "study" or not result or result.get("recommendation") is None:
-            continue
-        confirmation = result.get("confirmation") or {}
-        gain = (confirmation.get("difference") or {}).get("mean")
-        accepted = result.get("recommendation") == "adopt"
-        variants = run.manifest.get("variants") or [{}]
-        attempts.append({"time": run.created_at, "source": f"study {run.run_id}", "accepted": accepted,
-                         "gain": float(gain) if accepted and gain is not None else 0.0,
-                         "baseline_run": run.run_id, "baseline_variant": variants[0].get("name"),
-                         "candidate_run": run.run_id, "candidate_variant": (result.get("winner") or {}).get("name")})
-    for entry in ev.journal:
-        decision = entry.get("decision")
-        if decision not in ("kept", "reverted"):
-            continue
-        gain = entry.get("difference")
-        accepted = decision == "kept"
-        attempts.append({"time": float(entry.get("time", 0.0)), "source": f"journal: {entry.get('change', '?')}",
-                         "accepted": accepted,
-                         "gain": float(gain) if accepted and isinstance(gain, (int, float)) else 0.0,
-                         **{k: entry.get(k) for k in ("baseline_run", "baseline_variant", "candidate_run",
-                                                      "candidate_variant")}})
-    return sorted(attempts, key=lambda a: a["time"])
-
-
-def _extends(attempt: dict[str, Any], head: dict[str, Any]) -> bool:
-    """Whether `attempt` was measured against what the kept attempt `head` produced, or a later state: a baseline
-    in a run made after head's candidate (run ids sort by creation time), or head's candidate itself. Without run
-    ids, as the skill works: each attempt is measured against the last kept change."""
-    base, kept = attempt.get("baseline_run"), head.get("candidate_run")
-    if not base or not kept:
-        return True
-    return bool(base > kept or (base == kept and attempt.get("baseline_variant") == head.get("candidate_variant")))
-
-
-def chain_gain(attempts: list[dict[str, Any]]) -> float:
-    """The largest accuracy gain along a chain of kept baselines: gains measured against different baselines are
-    never added up (an attempt against an older baseline already contains what was kept since)."""
-    best = total = 0.0
-    head: dict[str, Any] | None = None
-    for attempt in attempts:
-        if not attempt["accepted"]:
-            continue
-        total = (total if head is None or _extends(attempt, head) else 0.0) + attempt["gain"]
-        best = max(best, total)
-        head = attempt
-    return best
-
-
-def _described(attempt: dict[str, Any]) -> str:
-    if not attempt["accepted"]:
-        return f"reverted ({attempt['source']})"
-    against = (f" vs {attempt['baseline_run']}:{attempt['baseline_variant']}" if attempt.get("baseline_run") else "")
-    return f"{points(attempt['gain'])} kept ({attempt['source']}{against})"
-
-
-def plateau(ev: Evidence) -> Criterion:
-    title = "prompt-level gains have plateaued"
-    threshold = (f"last {PLATEAU_WINDOW} attempts gained < {100 * PLATEAU_MIN_GAIN:.0f} accuracy points, "
-                 "summed along the chain of kept baselines")
-    attempts = _attempts(ev)
-    if len(attempts) < PLATEAU_WINDOW:
-        return Criterion("plateau", title, UNKNOWN, None, threshold,
-                         f"{len(attempts)} attempt(s) recorded (studies and journal entries)",
-                         f"keep improving prompts, tools and settings first: {PLATEAU_WINDOW - len(attempts)} more "
-                         "attempt(s) judged by `agl compare` or `agl optimize`, each recorded in the journal")
-    last = attempts[-PLATEAU_WINDOW:]
-    gain = chain_gain(last)
-    detail = (f"last {PLATEAU_WINDOW}: " + "; ".join(_described(a) for a in last)
-              + f"; along the chain of kept baselines {points(gain)} ({len(attempts)} attempts recorded)")
-    if gain >= PLATEAU_MIN_GAIN:
-        return Criterion("plateau", title, FAIL, round(gain, 4), threshold, detail,
-                         "prompt-level changes still pay: keep going before training")
-    return Criterion("plateau", title, PASS, round(gain, 4), threshold, detail)
-
-
-def _pass_at(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c successes (Chen et al. 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def headroom(spec: ExperimentSpec, ev: Evidence) -> Criterion:
-    title = "pass@k well above pass@1"
-    threshold = f"pass@k - pass@1 >= {100 * HEADROOM_MIN_GAP:.0f} points on >= {HEADROOM_MIN_TASKS} tasks"
-    # The model training would start from is the open-weight one: judge its samples when there are any.
-    open_ups = set(_open_upstreams(spec))
-    own = [r for r in ev.rollouts if r.upstreams and r.upstreams <= open_ups]
-    rollouts = own or ev.rollouts
-    groups: dict[tuple[str, str, str], list[float]] = {}
-    for r in rollouts:
-        if r.reward is not None:
-            groups.setdefault((r.run_id, r.variant, r.task_id), []).append(r.reward)
-    by_split: dict[bool, list[list[float]]] = {True: [], False: []}
-    splits = {(r.run_id, r.variant, r.task_id): r.split for r in rollouts}
-    for key, rewards in groups.items():
-        if len(rewards) >= 2:
-            by_split[splits.get(key) == "train"].append(rewards)
-    # Training tasks are what training sees; other splits stand in when too few training tasks were sampled.
-    samples = by_split[True] if len(by_split[True]) >= HEADROOM_MIN_TASKS else by_split[True] + by_split[False]
-    hint = ("sample each task several times at a temperature above 0: `agl eval agl.yaml --split train --seeds 4` "
-            "with a temperature knob (`--variant temperature=0.7`)")
-    if len(samples) < HEADROOM_MIN_TASKS:
-        return Criterion("headroom", title, UNKNOWN, None, threshold,
-                         f"{len(samples)} task(s) sampled more than once", hint)
-    k = min(HEADROOM_MAX_K, min(len(s) for s in samples))
-    successes = [(len(s), sum(1 for x in s if passed(x, spec.pass_threshold))) for s in samples]
-    p1 = sum(c / n for n, c in successes) / len(successes)
-    pk = sum(_pass_at(n, c, k) for n, c in successes) / len(successes)
-    gap = pk - p1
-    value = {"k": k, "pass_at_1": round(p1, 4), "pass_at_k": round(pk, 4), "tasks": len(samples)}
-    detail = (f"pass@1 {pct(p1, digits=0)}, pass@{k} {pct(pk, digits=0)} over {len(samples)} tasks"
-              + ("" if own else " (any model)"))
-    if p1 >= MAX_PASS_AT_1:
-        return Criterion("headroom", title, FAIL, value, threshold, detail + ": little left to learn",
-                         "harder tasks would show what training could add")
-    if gap < HEADROOM_MIN_GAP:
-        return Criterion("headroom", title, FAIL, value, threshold, detail,
-                         "the model rarely solves what it usually fails; a larger model or better tools first"
-                         if pk > 0 else "the model never solves these tasks; training has nothing to reinforce")
-    return Criterion("headroom", title, PASS, value, threshold, detail)
 
 
 def _content_hash(data: dict[str, Any], spec: ExperimentSpec) -> str:
@@ -359,12 +208,14 @@ def compute(spec: ExperimentSpec, found: dict[str, Any]) -> Criterion:
 
 def projection(spec: ExperimentSpec, ev: Evidence, n_train: int) -> Criterion:
     title = "projected training cost and time"
-    budget = spec.budget
+    # With budget.scope experiment these are what the spec's runs left (advise_cmd counts them).
+    max_rollouts, max_usd = spec.budget.run_rollouts(), spec.budget.run_usd()
+    left = " left" if spec.budget.scope == "experiment" else ""
     limits = []
-    if budget.rollouts is not None:
-        limits.append(f"budget.rollouts {budget.rollouts}")
-    if budget.usd is not None:
-        limits.append(f"budget.usd {budget.usd:g}")
+    if max_rollouts is not None:
+        limits.append(f"budget.rollouts{left} {max_rollouts}")
+    if max_usd is not None:
+        limits.append(f"budget.usd{left} {max_usd:g}")
     threshold = "within " + (", ".join(limits) if limits else "the spec's budget (none set)")
     timed = [r for r in ev.rollouts if r.started_at is not None and r.ended_at is not None]
     spans: dict[str, list[RolloutRow]] = {}
@@ -394,14 +245,14 @@ def projection(spec: ExperimentSpec, ev: Evidence, n_train: int) -> Criterion:
     detail = (f"{rollouts} rollouts ({n_train} train tasks x {ROLLOUTS_PER_TASK} x {TRAIN_EPOCHS} epoch) at "
               f"{per_min:.1f} rollouts/min: about {value['hours']} h of rollouts plus the updates, {money}")
     over = []
-    if budget.rollouts is not None and rollouts > budget.rollouts:
-        over.append(f"{rollouts} rollouts > {budget.rollouts}")
-    if budget.usd is not None and projected is not None and projected > budget.usd:
-        over.append(f"{usd(projected)} > ${budget.usd:g}")
+    if max_rollouts is not None and rollouts > max_rollouts:
+        over.append(f"{rollouts} rollouts > {max_rollouts}")
+    if max_usd is not None and projected is not None and projected > max_usd:
+        over.append(f"{usd(projected)} > ${max_usd:g}")
     if over:
         return Criterion("projection", title, FAIL, value, threshold, detail + "; over budget: " + ", ".join(over),
                          "raise the budget in agl.yaml, or train on fewer tasks")
-    if projected is None and budget.usd is not None:
+    if projected is None and max_usd is not None:
         return Criterion("projection", title, UNKNOWN, value, threshold, detail,
                          "declare the price of every model under `prices:` in agl.yaml so the cost can be projected")
     return Criterion("projection", title, PASS, value, threshold, detail)
@@ -412,8 +263,8 @@ def advise(spec: ExperimentSpec, ev: Evidence, found: dict[str, Any]) -> dict[st
     tasks_criterion = train_tasks(spec)
     n_train = tasks_criterion.value if isinstance(tasks_criterion.value, int) else 0
     criteria = [
-        open_weight_model(spec, ev), verifiable_reward(spec, ev), plateau(ev), headroom(spec, ev), tasks_criterion,
-        compute(spec, found), projection(spec, ev, n_train),
+        open_weight_model(spec, ev), verifiable_reward(spec, ev), plateau(ev), headroom(spec, ev),
+        remaining_failures(spec, ev), tasks_criterion, compute(spec, found), projection(spec, ev, n_train),
     ]
     ready = all(c.status in (PASS, WARN) for c in criteria)
     return {
@@ -425,4 +276,5 @@ def advise(spec: ExperimentSpec, ev: Evidence, found: dict[str, Any]) -> dict[st
         "criteria": [c.as_dict() for c in criteria],
         "next_steps": [c.hint for c in criteria if c.status in (FAIL, UNKNOWN) and c.hint],
         "warnings": [c.detail for c in criteria if c.status == WARN],
+        "undecided": undecided(ev),
     }

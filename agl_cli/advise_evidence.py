@@ -7,6 +7,7 @@ Stores are opened read only, so advising on a run never migrates or locks it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,6 +33,29 @@ class RolloutRow:
     started_at: float | None
     ended_at: float | None
     upstreams: frozenset[str] = frozenset()
+    failure: str | None = None  # why there is no reward (FailureKind), if there is none
+    output_shape: str | None = None  # answer_shape() of the agent's output; None when no output was kept
+    output_digest: str | None = None  # a hash of the output: repeats of a task that differ have different ones
+
+
+def answer_shape(output: str | None) -> str | None:
+    """The form of an answer, whatever it says: a JSON object's keys, a JSON value's type, or for text its lines and
+    size in words. A wrong answer in the form of the right ones is a wrong fact; in another form, a format failure."""
+    if output is None:
+        return None
+    text = output.strip()
+    if not text:
+        return "empty"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        words = len(text.split())
+        size = "1 word" if words == 1 else "2-5 words" if words <= 5 else "6-30 words" if words <= 30 else "longer"
+        lines = "one line" if len(text.splitlines()) == 1 else "several lines"
+        return f"text, {lines}, {size}"
+    if isinstance(value, dict):
+        return "JSON object {" + ", ".join(sorted(str(k) for k in value)) + "}"
+    return f"JSON {type(value).__name__}"
 
 
 @dataclass
@@ -121,7 +145,8 @@ def _read_store(store: RunStore, run_id: str) -> tuple[list[RolloutRow], dict[st
     # The newest attempt of each (variant, task, seed) that finished; cancelled or running ones say nothing.
     rollouts = [
         RolloutRow(run_id, r.variant, r.task_id, r.seed, r.split, r.reward, r.started_at, r.ended_at,
-                   frozenset(served.get(r.id, ())))
+                   frozenset(served.get(r.id, ())), r.failure.value if r.failure else None, answer_shape(r.output),
+                   hashlib.sha256(r.output.encode()).hexdigest()[:16] if r.output is not None else None)
         for r in store.rollouts(latest_only=True) if r.status.terminal
     ]
     return rollouts, upstreams, store.get_meta(STUDY_RESULT_META)

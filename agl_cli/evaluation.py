@@ -140,12 +140,13 @@ class EvalRunner:
         return todo
 
     def _budget_left(self, started: int) -> bool:
-        budget = self.spec.budget
-        if budget.rollouts is not None and started >= budget.rollouts:
+        # This run's own ceilings: the spec's, or with `budget.scope: experiment` what the spec's other runs left.
+        max_rollouts, max_usd = self.spec.budget.run_rollouts(), self.spec.budget.run_usd()
+        if max_rollouts is not None and started >= max_rollouts:
             return False
         # Rollouts reused from earlier runs cost this run nothing: only its own calls count against budget.usd (their
         # priced cost: a budget in USD starts only when every model it can call has a price, see agl_cli.prices).
-        return budget.usd is None or own_usd(self.store) < budget.usd
+        return max_usd is None or own_usd(self.store) < max_usd
 
     async def run(self, plan: list[PlannedRollout]) -> None:
         todo = self.pending(plan)

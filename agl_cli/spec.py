@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from agl_cli.command_template import placeholders
 from agl_cli.env_values import expand as expand_env
@@ -331,7 +331,8 @@ class ProposerSpec(_Strict):
 
 
 class BudgetSpec(_Strict):
-    """`budget:`: hard ceilings for one run or study."""
+    """`budget:`: hard ceilings, for each run or study on its own, or for all the runs of this spec together
+    (`scope: experiment`)."""
 
     usd: float | None = Field(
         default=None, ge=0,
@@ -339,6 +340,38 @@ class BudgetSpec(_Strict):
         "price (shipped, or under `prices:`)",
     )
     rollouts: int | None = Field(default=None, ge=1, description="rollouts started")
+    scope: Literal["run", "experiment"] = Field(
+        default="run",
+        description="`run`: each run or study has these ceilings of its own. `experiment`: every run of this spec "
+        "(eval, optimize, train) counts against them together: a run starts with what the others left, stops "
+        "there, and is refused when nothing is left; rollouts reused from earlier runs are not counted again. "
+        "`agl spend agl.yaml` shows what is spent and left",
+    )
+    # What the spec's other runs spent, when scope is experiment (agl_cli/experiment_budget.py fills them in).
+    _others_usd: float = PrivateAttr(default=0.0)
+    _others_rollouts: int = PrivateAttr(default=0)
+
+    def count_others(self, usd: float, rollouts: int) -> None:
+        """Charge what the spec's other runs spent against an experiment's ceilings (scope `run`: ignored)."""
+        if self.scope == "experiment":
+            self._others_usd, self._others_rollouts = usd, rollouts
+
+    def run_usd(self, flag: float | None = None) -> float | None:
+        """What this run may spend itself: a flag's ceiling (`--budget-usd`) or `usd`; with scope `experiment`
+        never more than the others left."""
+        ceiling = flag if flag is not None else self.usd
+        if self.scope == "experiment" and self.usd is not None:
+            left = max(self.usd - self._others_usd, 0.0)
+            ceiling = left if ceiling is None else min(ceiling, left)
+        return ceiling
+
+    def run_rollouts(self, flag: int | None = None) -> int | None:
+        """The rollouts this run may start itself, the same way as run_usd."""
+        ceiling = flag if flag is not None else self.rollouts
+        if self.scope == "experiment" and self.rollouts is not None:
+            left = max(self.rollouts - self._others_rollouts, 0)
+            ceiling = left if ceiling is None else min(ceiling, left)
+        return ceiling
 
 
 class ExperimentSpec(_Strict):

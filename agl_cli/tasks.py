@@ -138,15 +138,23 @@ def load_tasks(spec: ExperimentSpec) -> list[Task]:
     return tasks
 
 
+def split_names(split: str) -> list[str]:
+    """`val` or several splits at once, `val,train` (to pool evidence from splits a change was not tuned on)."""
+    return [name.strip() for name in split.split(",") if name.strip()]
+
+
 def select_tasks(tasks: list[Task], *, split: str | None, limit: int | None) -> list[Task]:
     chosen = tasks
     if split is not None:
         available = sorted({t.split for t in tasks if t.split is not None})
         if not available:
             raise ConfigError(f"--split {split}: the spec defines no splits (add `tasks.split`)")
-        chosen = [t for t in tasks if t.split == split]
-        if not chosen:
-            raise ConfigError(f"--split {split}: no task is in that split; the splits are {', '.join(available)}")
+        wanted = split_names(split)
+        unknown = [name for name in wanted if name not in available]
+        if unknown or not wanted:
+            raise ConfigError(f"--split {split}: no task is in split {', '.join(unknown) or '(none named)'}; the "
+                              f"splits are {', '.join(available)}")
+        chosen = [t for t in tasks if t.split in wanted]
     if limit is not None:
         chosen = chosen[:limit]
     return chosen

@@ -57,6 +57,7 @@ class TrainOptions:
     max_staleness: int = 1  # collocated-async: a rollout served by weights more updates old is not trained on
     track: list[str] = field(default_factory=list)  # experiment trackers (rl_backend/trainer/trackers.py)
     backend: str = "torch"  # torch: this machine (rl_backend.trainer.torch_backend); verl: GPUs (agl train --backend verl)
+    stop_on_collapse: bool = True  # stop when entropy collapsed and groups carry no signal (rl_backend.trainer.collapse)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,10 +111,11 @@ def _latest_ids(store: RunStore, plan: list[PlannedRollout]) -> list[str]:
 
 def loop_config(spec: ExperimentSpec, options: TrainOptions, *, iterations: int, checkpoints: Path) -> LoopConfig:
     """The training loop's settings: the run's options, and what counts as a pass from agl.yaml, as everywhere."""
+    from rl_backend.trainer.collapse import CollapseRule
     from rl_backend.trainer.loop import LoopConfig
 
     return LoopConfig(iterations=iterations, checkpoint_dir=checkpoints, keep_checkpoints=options.keep_checkpoints,
-                      pass_threshold=spec.pass_threshold)
+                      pass_threshold=spec.pass_threshold, collapse=CollapseRule(enabled=options.stop_on_collapse))
 
 
 def run_plan(runner: EvalRunner, plan: list[PlannedRollout]) -> None:
@@ -214,8 +216,11 @@ class TrainingRun:
         final = latest_checkpoint(checkpoints)
         exported = self._export(final) if final is not None else {}
         self._write_metrics(curve)
+        stopped = curve[-1].metrics.get("stopped") if curve else None
         return {"curve": [c.to_json() for c in curve], "trained_model": exported.get("model"),
-                "trained_adapter": exported.get("adapter"), "after_variant": after.name}
+                "trained_adapter": exported.get("adapter"), "after_variant": after.name,
+                "stopped_early": {"after_iteration": len(curve), "of": self.options.steps, "reason": stopped}
+                if stopped and len(curve) < self.options.steps else None}
 
     def _train(self, stack: RunServices, store: RunStore, trainer: PolicyTrainer, engine: WeightSink,
                on_step: Callable[[Any], None], before: Variant, during: Variant, checkpoints: Path) -> Variant:

@@ -44,10 +44,17 @@ def write_spec(folder: Path, *, n_train: int = 100, upstream: dict | None = None
     return path
 
 
+def right_or_wrong(task: str, seed: int, reward: float | None) -> str | None:
+    """The agent's answer: one word, "4" when it passed and "5" when not (a well-formed wrong answer)."""
+    return None if reward is None else "4" if reward >= 0.5 else "5"
+
+
 def add_run(root: Path, spec: Path, *, kind: str = "eval", created_at: float = 1000.0,
             rewards: dict[str, list[float | None]] | None = None, split: str = "train",
-            result: dict[str, Any] | None = None, upstream: str = "local", token_ids: bool = True) -> RunDir:
-    """A finished run: for each task, one rollout per listed reward (seed = position), each with one model call."""
+            result: dict[str, Any] | None = None, upstream: str = "local", token_ids: bool = True,
+            output: Any = right_or_wrong) -> RunDir:
+    """A finished run: for each task, one rollout per listed reward (seed = position), each with one model call
+    and the agent's output `output(task, seed, reward)`."""
     run = RunDir.create(root, spec_data={}, manifest={"kind": kind, "spec_path": str(spec.resolve()),
                                                       "status": "completed"})
     manifest = run.manifest()
@@ -63,7 +70,7 @@ def add_run(root: Path, spec: Path, *, kind: str = "eval", created_at: float = 1
                 id=rid, key=f"baseline/{task}/{seed}", variant="baseline", task_id=task, split=split, seed=seed,
                 status=RolloutStatus.succeeded if reward is not None else RolloutStatus.failed, reward=reward,
                 reward_source=RewardSource.grader if reward is not None else RewardSource.none,
-                started_at=clock, ended_at=clock + 1.0,
+                started_at=clock, ended_at=clock + 1.0, output=output(task, seed, reward),
             ))
             store.insert_call(CallRecord(
                 call_id=f"c-{rid}", rollout_id=rid, api=Api.openai_chat, upstream=upstream, model="m",
@@ -189,7 +196,9 @@ def test_each_failing_criterion_gives_not_yet(ready: Path, monkeypatch: pytest.M
                 (run / "store.sqlite").unlink()
         samples = {f"t{i}": [1.0] if i % 2 else [0.0] for i in range(30)} if case == "no_samples" else \
             {f"t{i}": [1.0] * 4 if i % 2 else [0.0] * 4 for i in range(30)}
-        add_run(root, ready, rewards=samples)
+        # The failures are in another form than the right answers (behaviour, which training can shape), so
+        # that only headroom is at stake here.
+        add_run(root, ready, rewards=samples, output=lambda task, seed, reward: "4" if reward else "no idea, sorry")
     elif case == "few_tasks":
         write_spec(folder, n_train=40)
     elif case == "leak":

@@ -80,7 +80,10 @@ def test_failures_summarises_the_latest_run(project: Path) -> None:
     assert (base["finished"], base["scored"], base["passed"], base["failed_scored"], base["missing_reward"]) == \
         (4, 2, 1, 1, 2)
     assert base["missing_reasons"] == {"agent_crashed": 1, "no_output": 1}
-    assert base["by_model"]["openai/gpt-4.1-mini"]["calls"] == 4
+    model = base["by_model"]["openai/gpt-4.1-mini"]
+    assert model["calls"] == 4
+    # Four calls of 1.5 s each: 6 s spent in them, 1.5 s per call; never a bare `latency_s` that reads as per call.
+    assert model["latency_s_total"] == 6.0 and model["latency_s_per_call"] == 1.5 and "latency_s" not in model
     assert base["model_time_share"] == 0.75 and base["cost_per_rollout_usd"] == 0.001
     assert doc["failure_kinds"] == {"low_reward": 1, "agent_crashed": 1, "no_output": 1}
     assert doc["common_errors"][0]["line"] == "KeyError: 'answer'"
@@ -124,7 +127,28 @@ def test_journal_add_show_and_the_kept_rule(project: Path) -> None:
     shown = as_json(run_script("journal.py", "show", cwd=project))
     assert len(shown["entries"]) == 1
     table = run_script("journal.py", "show", "--markdown", cwd=project)
-    assert "| prompt | prompt v2 | better | +25.0 pts | kept |" in table.stdout
+    # Every difference with its interval and n, the number of tasks it rests on.
+    assert "| prompt | prompt v2 | val | better | +25.0 pts [+10.0, +40.0] | 40 | kept |" in table.stdout
+    as_json(run_script("journal.py", "add", "--hypothesis", "h", "--lever", "model", "--change", "c",
+                       "--verdict", "no detectable difference", "--difference", "0.02", "--decision", "reverted",
+                       cwd=project))
+    table = run_script("journal.py", "show", "--markdown", cwd=project)
+    assert "| model | c |  | no detectable difference | +2.0 pts | ? | reverted |" in table.stdout  # unknown n
+
+
+def test_journal_takes_several_levers_for_one_change(project: Path) -> None:
+    both = as_json(run_script("journal.py", "add", "--hypothesis", "the new prompt needs the large model",
+                              "--lever", "prompt,model", "--change", "prompt v3 on the large model",
+                              "--verdict", "better", "--difference", "0.13", "--decision", "kept", cwd=project))
+    assert both["entry"]["levers"] == ["prompt", "model"] and both["entry"]["lever"] == "prompt+model"
+    repeated = as_json(run_script("journal.py", "add", "--hypothesis", "h", "--lever", "prompt", "--lever",
+                                  "reasoning-effort", "--change", "c", "--decision", "pending", cwd=project))
+    assert repeated["entry"]["levers"] == ["prompt", "reasoning-effort"]
+    bad = run_script("journal.py", "add", "--hypothesis", "h", "--lever", "prompt,vibes", "--change", "c",
+                     "--decision", "pending", cwd=project)
+    assert bad.returncode == 2 and "vibes" in json.loads(bad.stderr)["error"]
+    table = run_script("journal.py", "show", "--markdown", cwd=project).stdout
+    assert "| prompt + model | prompt v3 on the large model |" in table
 
 
 def test_spend_against_a_budget(project: Path) -> None:
@@ -133,6 +157,28 @@ def test_spend_against_a_budget(project: Path) -> None:
     assert doc["left"]["rollouts"] == 94 and doc["over_budget"] is False
     assert as_json(run_script("spend.py", "--budget-usd", "0.005", cwd=project))["over_budget"] is True
     assert as_json(run_script("spend.py", "--since", "2999-01-01", cwd=project))["rollouts"] == 0
+
+
+def test_spend_reads_the_budget_of_the_projects_agl_yaml(project: Path) -> None:
+    """The user's "don't spend more than $0.01 on the experiments", written as agl.yaml's budget, is what the
+    script measures against by default: spent and left across the spec's runs."""
+    import yaml
+
+    (project / "tasks.jsonl").write_text('{"id": "ok"}\n')
+    (project / "agl.yaml").write_text(yaml.safe_dump({
+        "agent": {"command": "python agent.py {task_file} {output_file}"}, "tasks": {"path": "tasks.jsonl"},
+        "grader": {"command": "python grade.py {task_file} {output_file}"},
+        "budget": {"usd": 0.01, "rollouts": 10, "scope": "experiment"}}))
+    doc = as_json(run_script("spend.py", cwd=project))
+    assert doc["budget"]["usd"] == 0.01 and doc["budget"]["scope"] == "experiment"
+    assert doc["usd"] == pytest.approx(0.006) and doc["left"]["usd"] == pytest.approx(0.004)
+    assert doc["left"]["rollouts"] == 4 and doc["over_budget"] is False
+    later = as_json(run_script("spend.py", "--since", "2999-01-01", cwd=project))  # shows no run, but the
+    assert later["rollouts"] == 0 and later["left"]["usd"] == pytest.approx(0.004)  # experiment's ceiling counts all
+    flags = as_json(run_script("spend.py", "--budget-usd", "0.005", cwd=project))  # a ceiling of one's own
+    assert flags["budget"]["source"] == "flags" and flags["over_budget"] is True
+    everything = as_json(run_script("spend.py", "--all", cwd=project))
+    assert everything["spec"] is None and everything["left"] == {"usd": None, "rollouts": None}
 
 
 def test_an_unpriced_call_makes_the_cost_unknown_not_zero(project: Path) -> None:
@@ -215,7 +261,9 @@ def test_journal_names_the_candidate_and_records_the_test_confirmation(variants_
                             "--decision", "kept", cwd=folder)
     assert same_split.returncode == 2 and "held-out" in same_split.stderr
     table = run_script("journal.py", "show", "--markdown", cwd=folder).stdout
-    assert "| prompt | prompt v2 | better | +70.0 pts | kept | better +40.0 pts |" in table
+    entry_row = next(line for line in table.splitlines() if "| kept |" in line)
+    assert "| prompt | prompt v2 | val | better | +70.0 pts [" in entry_row and "| 20 | kept | better +40.0 pts [" in entry_row
+    assert entry_row.endswith("(n=20) |")
 
 
 def test_journal_refuses_to_keep_what_the_test_split_calls_worse(variants_on_val_and_test: tuple[Path, str]) -> None:

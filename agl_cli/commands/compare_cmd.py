@@ -125,11 +125,13 @@ def resolve(refs: list[str], context: str | None, runs_dir: Path | None) -> list
 
 def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
     from agl_cli.errors import UsageError
+    from agl_cli.tasks import split_names
 
     store = run.open_store(read_only=True)
     try:
+        wanted = split_names(split) if split is not None else None
         rollouts = [r for r in store.rollouts(variant=variant, latest_only=True)
-                    if r.status.terminal and (split is None or r.split == split)]
+                    if r.status.terminal and (wanted is None or r.split in wanted)]
         totals = store.call_totals_by_rollout()
         uses = store.model_use_by_rollout()
         knobs = store.variants().get(variant, {}).get("knobs", {})
@@ -207,6 +209,24 @@ def fully_right(base: dict[tuple[str, int], float], candidate: dict[tuple[str, i
     }
 
 
+def add_more_evidence(base: Side, candidates: list[Side], docs: list[dict[str, Any]], split: str | None) -> None:
+    """Each undecided comparison that leans better gets `more_evidence`: the splits that could decide it."""
+    from agl_cli.more_evidence import evidence, split_sizes
+
+    spec_path = base.run.manifest().get("spec_path")
+    splits: dict[str, list[str]] | None = None
+    for side, doc in zip(candidates, docs, strict=True):
+        doc["more_evidence"] = None
+        if doc["verdict"] != "no detectable difference":
+            continue
+        if splits is None:
+            splits = split_sizes(spec_path)
+        judged = {r.task_id for r in base.rollouts} & {r.task_id for r in side.rollouts}
+        doc["more_evidence"] = evidence(doc, split=split, judged=judged, splits=splits, base_variant=base.variant,
+                                        candidate_variant=side.variant, same_run=side.run.path == base.run.path,
+                                        spec_path=spec_path)
+
+
 def same_model_problems(base: Side, candidates: list[Side]) -> list[str]:
     """Candidates that asked for another model than the baseline but were served by the very same one."""
     from agl_cli.served import same_model
@@ -272,7 +292,7 @@ def _volume(text: str | None, sides: list[Side]) -> Volume | None:
 def compare_command(
     refs: Annotated[list[str], typer.Argument(help="A (the baseline), then B [C ...]: RUN, RUN:variant or a variant name.",
                                               show_default=False)],
-    split: Annotated[Optional[str], typer.Option(help="Only rollouts of this split, e.g. val or test.")] = None,  # noqa: UP045
+    split: Annotated[Optional[str], typer.Option(help="Only rollouts of this split (e.g. val or test), or of several (val,train).")] = None,  # noqa: UP045,E501
     run: Annotated[Optional[str], typer.Option("--run", help="Where bare variant names are looked up.")] = None,  # noqa: UP045
     fail_on_worse: Annotated[bool, typer.Option("--fail-on-worse", help="Exit 3 when a candidate is worse.")] = False,
     allow_different_tasks: Annotated[bool, typer.Option(
@@ -309,6 +329,7 @@ def compare_command(
     if empty:
         raise AglError(f"{', '.join(empty)} and {base.ref} share no scored (task, seed): nothing to compare",
                        hint="compare runs over the same tasks (and --split), or variants of one run")
+    add_more_evidence(base, candidates, docs, split)
     worse = any(d["verdict"] == WORSE for d in docs)
     document = {
         "baseline": {"ref": base.ref, "run_id": base.run.run_id, "variant": base.variant},
@@ -335,6 +356,10 @@ def compare_command(
         print_table(out, table)
         for side, d in zip(candidates, docs, strict=True):
             out.print(sentence(short(side), d), markup=False)
+            if d.get("more_evidence"):
+                from agl_cli.more_evidence import sentence as evidence_sentence
+
+                out.print(f"  {short(side)}: {evidence_sentence(d['more_evidence'])}", markup=False)
     from agl_cli.console import stderr_console
 
     for line in dict.fromkeys([*warnings, *(w for d in docs for w in d["model_warnings"])]):

@@ -27,6 +27,7 @@ def _prepare_new(
     from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.preflight import check_commands
     from agl_cli.prices import check_budget_prices
     from agl_cli.rundir import RunDir, git_sha, runs_root
@@ -41,6 +42,7 @@ def _prepare_new(
         spec.volume = volume  # the run's copy of the spec keeps it, so its report and `agl compare` use it too
     check_budget_prices(spec, spec.budget.usd)  # before the run exists: nothing to clean up
     check_commands(spec, spec_path=config / "agl.yaml" if config.is_dir() else config)
+    limit_to_experiment(spec, config / "agl.yaml" if config.is_dir() else config, runs_dir, log=stderr_console().print)
     tasks = select_tasks(load_tasks(spec), split=split, limit=limit)
     variants, same = distinct([parse_variant(spec, name) for name in variant_names] or [baseline(spec)])
     for dropped, kept in same:
@@ -78,8 +80,10 @@ def _prepare_new(
 def _prepare_resume(
     reference: str, runs_dir: Path | None
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
+    from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
     from agl_cli.evaluation import make_plan
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.metrics.run import run_volume
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
@@ -99,6 +103,7 @@ def _prepare_resume(
     spec = load_spec(Path(manifest["spec_path"]))
     spec.volume = run_volume(run.path) or spec.volume  # a --volume the run was started with holds on resume
     check_commands(spec, spec_path=Path(manifest["spec_path"]))
+    limit_to_experiment(spec, Path(manifest["spec_path"]), runs_dir, exclude=run.path, log=stderr_console().print)
     by_id = {t.id: t for t in load_tasks(spec)}
     missing = [tid for tid in manifest["task_ids"] if tid not in by_id]
     if missing:
@@ -194,10 +199,11 @@ def _run_plan(
     console.print(f"run {run.run_id}: {len(plan)} rollouts, {len(variants)} variant(s), concurrency {spec.concurrency}")
     interrupted = False
     spend_limit = None
-    if spec.budget.usd is not None:
+    max_usd = spec.budget.run_usd()
+    if max_usd is not None:
         from rl_backend.gateway.budget import SpendLimit
 
-        spend_limit = SpendLimit(spec.budget.usd, spent_usd=own_usd(store),
+        spend_limit = SpendLimit(max_usd, spent_usd=own_usd(store),
                                  hint="raise budget.usd in agl.yaml and resume the run")
     with running_services(spec, store, log=console.print, spend_limit=spend_limit) as services:
         controller = make_controller(spec, run.run_id)
@@ -280,7 +286,7 @@ def eval_command(
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks (of the split).")] = None,
     seeds: Annotated[int | None, typer.Option(help="Runs per task (default: the spec's `seeds`).")] = None,
-    split: Annotated[str | None, typer.Option(help="Only tasks of this split, e.g. val or test.")] = None,
+    split: Annotated[str | None, typer.Option(help="Only tasks of this split (e.g. val or test), or of several (val,train).")] = None,  # noqa: E501
     resume: Annotated[str | None, typer.Option(help="Finish this run instead of starting one.")] = None,
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default .agl/runs or $AGL_HOME/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,

@@ -205,6 +205,7 @@ def optimize_command(
     """Find the best variant on the validation split within a hard budget, confirm it on the test split."""
     from agl_cli.console import print_json, stderr_console, stdout_console
     from agl_cli.errors import UsageError
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.optimize.study import StudyOptions, create, prepare, reopen
     from agl_cli.rundir import runs_root
     from agl_cli.volume import parse_volume
@@ -226,6 +227,7 @@ def optimize_command(
             raise UsageError("--resume STUDY takes no spec or search options, only --budget-usd and --max-rollouts: "
                              "the study has the rest")
         study = reopen(resume, runs_dir)
+        limit_to_experiment(study.spec, study.spec_path, runs_dir, exclude=study.run.path, log=console.print)
         if budget_usd is not None:
             study.options.budget_usd = budget_usd
         if max_rollouts is not None:
@@ -244,6 +246,7 @@ def optimize_command(
             volume=parse_volume(volume).model_dump() if volume is not None else None,
         )
         study = prepare(config, options, list(candidate or []), Path.cwd(), list(option or []))
+        limit_to_experiment(study.spec, study.spec_path, runs_dir, log=console.print)
         use_cache = not no_cache
         if dry_run:
             from agl_cli.optimize.projection import dry_run as project

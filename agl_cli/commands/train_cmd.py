@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 
 def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tuple[Any, RunDir]:
+    from agl_cli.console import stderr_console
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.optimize.cache import agent_version
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import RunDir, git_sha, runs_root
@@ -24,6 +26,7 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
     spec = load_spec(config)
     spec_path = config / "agl.yaml" if config.is_dir() else config
     check_commands(spec, spec_path=spec_path)
+    limit_to_experiment(spec, spec_path, runs_dir, log=stderr_console().print)
     run = RunDir.create(
         runs_root(runs_dir),
         spec_data=spec.model_dump(mode="json", exclude_none=True),
@@ -38,7 +41,9 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
 
 
 def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOptions]:
+    from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
+    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.preflight import check_commands
     from agl_cli.rundir import find_run
     from agl_cli.spec import load_spec
@@ -51,6 +56,7 @@ def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOp
     run.require(manifest, "spec_path", "options")
     spec = load_spec(Path(manifest["spec_path"]))
     check_commands(spec, spec_path=Path(manifest["spec_path"]))
+    limit_to_experiment(spec, Path(manifest["spec_path"]), runs_dir, exclude=run.path, log=stderr_console().print)
     return spec, run, TrainOptions(**manifest["options"])
 
 
@@ -89,6 +95,16 @@ def step_printer(console: Any, tracking: Any) -> Callable[[Any], None]:
     return on_step
 
 
+def stopped_message(stopped: dict[str, Any]) -> str:
+    """Why training stopped before its last step, and what that says about the agent's failures."""
+    left = stopped["of"] - stopped["after_iteration"]
+    return (f"training stopped after iteration {stopped['after_iteration']} of {stopped['of']}: {stopped['reason']}. "
+            f"The remaining {left} would not change the weights, so they were not run; the held-out comparison "
+            "judges what was trained. Reinforcement learning sharpens what the model already does sometimes "
+            "(format, protocol, when to stop, using tools); it does not add facts it lacks: see what the remaining "
+            "failures are with `agl advise`. To train on anyway: --no-stop-on-collapse")
+
+
 def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     """After a training run: its held-out before/after comparison, the manifest marked completed, the report, and
     the result document (what --json prints)."""
@@ -101,7 +117,8 @@ def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     run.write_manifest(manifest)
     trained = outcome["trained_model"]
     return {
-        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"], "comparison": comparison,
+        "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"],
+        "stopped_early": outcome.get("stopped_early"), "comparison": comparison,
         "trained_model": trained, "trained_adapter": outcome.get("trained_adapter"),
         "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
         if trained else None,
@@ -156,6 +173,11 @@ def train_command(
         help="Log each step's curves to experiment trackers, comma-separated: tensorboard (<run>/tensorboard), "
              "wandb (honours WANDB_* variables: WANDB_PROJECT, WANDB_MODE=offline, WANDB_DIR...), mlflow "
              "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME).")] = None,
+    stop_on_collapse: Annotated[bool | None, typer.Option(
+        "--stop-on-collapse/--no-stop-on-collapse",
+        help="Stop when the policy has collapsed: its entropy fell to half the first update's or less, and for 2 "
+             "iterations in a row every group's rollouts scored the same (no learning signal left). On by default; "
+             "with --resume, changes the run's setting.", show_default=False)] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this training run from its last checkpoint.")] = None,
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live.")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
@@ -181,7 +203,9 @@ def train_command(
             options.steps = steps
         if trackers is not None:
             options.track = trackers
-        if steps is not None or trackers is not None:
+        if stop_on_collapse is not None:
+            options.stop_on_collapse = stop_on_collapse
+        if steps is not None or trackers is not None or stop_on_collapse is not None:
             manifest = run.manifest()
             manifest["options"] = options.as_dict()
             run.write_manifest(manifest)
@@ -198,7 +222,8 @@ def train_command(
         options = TrainOptions(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
                                temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef,
                                train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit,
-                               loop=loop, max_staleness=max_staleness, track=trackers or [])
+                               loop=loop, max_staleness=max_staleness, track=trackers or [],
+                               stop_on_collapse=stop_on_collapse is not False)
         if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
             raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
         spec, run = _new_run(config, options, runs_dir)
@@ -223,6 +248,8 @@ def train_command(
         finally:
             tracking.close()
         result = finish_run(run, outcome)
+        if result["stopped_early"]:
+            console.print(stopped_message(result["stopped_early"]), markup=False)
         comparison = result["comparison"]
         trained = outcome["trained_model"]
     if json_output:

@@ -169,6 +169,9 @@ def verl_command(
         run = _new_run(config, options, runs_dir)[1]
     else:
         console.print(f"resuming training run {run.run_id}")
+    from agl_cli.experiment_budget import limit_to_experiment
+
+    limit_to_experiment(spec, spec_path, runs_dir, exclude=run.path)  # budget.scope experiment: what is left
     tasks = load_tasks(spec)
     training = VerlTrainingRun(spec, run, options, select_tasks(tasks, split=options.train_split, limit=None),
                                select_tasks(tasks, split=options.heldout_split, limit=options.heldout_limit),

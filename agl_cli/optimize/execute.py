@@ -126,8 +126,8 @@ def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> 
         opts = study.options
         ledger = Ledger(
             store,
-            max_rollouts=opts.max_rollouts if opts.max_rollouts is not None else study.spec.budget.rollouts,
-            max_usd=opts.budget_usd if opts.budget_usd is not None else study.spec.budget.usd,
+            max_rollouts=study.spec.budget.run_rollouts(opts.max_rollouts),  # the flag's, else the spec's; with
+            max_usd=study.spec.budget.run_usd(opts.budget_usd),  # budget.scope experiment, at most what is left
         )
         cache = ResultCache(study.run.path.parent, study.agent_version, exclude=study.run.path,
                             reuse_failures=opts.reuse_failures) if use_cache else None

@@ -85,9 +85,8 @@ def project(study: Study, rows: list[dict[str, float | None]], source: str, cach
                 "time_s": math.ceil(to_run / concurrency) * (per["duration_s"] or 0.0),
             })
         projected[name] = entry
-    budget = {"usd": study.options.budget_usd if study.options.budget_usd is not None else study.spec.budget.usd,
-              "rollouts": study.options.max_rollouts if study.options.max_rollouts is not None
-              else study.spec.budget.rollouts}
+    budget = {"usd": study.spec.budget.run_usd(study.options.budget_usd),
+              "rollouts": study.spec.budget.run_rollouts(study.options.max_rollouts)}
     return {
         "dry_run": True,
         "strategy": study.strategy,

@@ -73,6 +73,8 @@ class AsyncTrainingLoop:
             for iteration in range(self.config.iterations):
                 records.append(self.iterate(iteration, since=records[-1].ended_at if records else started,
                                             loop_started=started))
+                if self.loop.stopped:  # collapsed (loop.py): the remaining updates would change nothing
+                    break
         finally:
             self.source.stop()
         return records

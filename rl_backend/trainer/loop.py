@@ -10,6 +10,8 @@ Each iteration:
      next batch samples from them,
   5. a checkpoint (kept: the last `keep_checkpoints`) and one `train_steps` row in the store (curves.py).
 Steps 2-5 are `TrainingLoop.train_on(rollout_ids)`, which the collocated-async loop (async_loop.py) shares.
+A collapsed run (entropy fallen, then no learning signal: collapse.py) stops there: `TrainingLoop.stopped` says
+why, and so does the last step's row (`metrics.stopped`); `LoopConfig.collapse` turns the check off.
 
 Nothing is in flight while training (run_batch has returned), so the sync loop's staleness is 0; it is measured from
 the calls' recorded model versions anyway, which catches an engine that was not updated.
@@ -36,6 +38,7 @@ from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 from rl_backend.trainer.advantage import Singletons, grpo_advantages
 from rl_backend.trainer.batch import make_batch
+from rl_backend.trainer.collapse import CollapseRule, collapse_reason
 from rl_backend.trainer.curves import StepRecord, read_curve, record_step
 from rl_backend.trainer.interfaces import BatchRollouts, PolicyTrainer, WeightSink
 from rl_backend.trainer.trajectory import MergeMode, RolloutTrajectory, default_group, trajectories_from_store
@@ -54,6 +57,7 @@ class LoopConfig:
     max_seq_len: int | None = None
     min_trained_rollouts: int = 1  # fewer trainable rollouts: the iteration is recorded but no update is made
     swap_timeout_s: float | None = 600.0
+    collapse: CollapseRule = field(default_factory=CollapseRule)  # when to stop a collapsed run (collapse.py)
 
 
 def version_name(step: int) -> str:
@@ -123,6 +127,7 @@ class TrainingLoop:
         self.config = config or LoopConfig()
         self.group_of = group_of
         self.on_step = on_step or (lambda record: None)
+        self.stopped: str | None = None  # why the loop stopped before its last iteration (a collapse)
 
     @property
     def version(self) -> str:
@@ -139,7 +144,12 @@ class TrainingLoop:
     def run(self) -> list[StepRecord]:
         if self.trainer.step > 0:
             self.sync_engine()  # resumed from a checkpoint: serve what was trained
-        return [self.iterate(i) for i in range(self.config.iterations)]
+        records = []
+        for i in range(self.config.iterations):
+            records.append(self.iterate(i))
+            if self.stopped:
+                break
+        return records
 
     def iterate(self, iteration: int) -> StepRecord:
         started_at = time.time()
@@ -232,6 +242,12 @@ class TrainingLoop:
             t.add("checkpoint_s", mark)
         record.ended_at = time.time()
         record.metrics["wall_s"] = round(record.ended_at - started_at, 4)
+        # The step's own row says the run stopped there, so a report (or a resume) reads why.
+        reason = collapse_reason([*read_curve(self.store), record], cfg.collapse)
+        if reason:
+            record.metrics["stopped"] = reason
+            self.stopped = reason
+            log.warning("iteration %d: stopping: %s", iteration, reason)
         record_step(self.store, record)
         self.on_step(record)
         return record

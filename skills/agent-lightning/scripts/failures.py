@@ -3,7 +3,8 @@
 
 The evidence for the next hypothesis: which rollouts failed or have no reward and why (crash, timeout, grader
 failure, low reward), the commonest error lines, examples with the agent's output and stderr, and per variant
-where the money and the time go (by model, and the share of wall time spent waiting on model calls).
+where the money and the time go (by model: calls, tokens, cost, seconds in its calls summed as `latency_s_total`
+and per call as `latency_s_per_call`; and the share of wall time spent waiting on model calls).
 With --replies each example also carries the model's last reply, beside the agent's output: a right answer
 that the agent misread shows there.
 
@@ -101,9 +102,22 @@ def summarise(rollouts: list[dict[str, Any]], by_model: dict, totals: dict, belo
         "latency_s": {"p50": percentile(durations, 50), "p95": percentile(durations, 95)},
         # Seconds waiting on the model out of all rollout seconds: near 1, latency is the model's; near 0, the agent's.
         "model_time_share": round(in_calls / sum(durations), 3) if durations and sum(durations) > 0 else None,
-        "by_model": {name: {k: None if k == "cost_usd" and stats.get("unpriced_calls") else round(v, 6)
-                            for k, v in stats.items()} for name, stats in sorted(models.items())},
+        "by_model": {name: by_model_entry(stats) for name, stats in sorted(models.items())},
     }
+
+
+def by_model_entry(stats: dict[str, float]) -> dict[str, float | None]:
+    """One model's calls: counts as integers, the cost unknown when a call had no price, and the time in its calls
+    both summed (`latency_s_total`, where the time goes) and per call (`latency_s_per_call`, over `calls`)."""
+    calls = int(stats["calls"])
+    entry: dict[str, float | None] = {
+        "calls": calls, "errors": int(stats["errors"]), "unpriced_calls": int(stats["unpriced_calls"]),
+        "input_tokens": int(stats["input_tokens"]), "output_tokens": int(stats["output_tokens"]),
+        "cost_usd": None if stats["unpriced_calls"] else round(stats["cost_usd"], 6),
+        "latency_s_total": round(stats["latency_s"], 6),
+        "latency_s_per_call": round(stats["latency_s"] / calls, 6) if calls else None,
+    }
+    return entry
 
 
 def example(r: dict[str, Any], totals: dict, chars: int) -> dict[str, Any]:

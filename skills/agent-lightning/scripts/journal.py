@@ -3,10 +3,13 @@
 `$AGL_HOME/journal.jsonl`), next to the runs. `agl advise` reads it to judge whether prompt-level gains have
 plateaued, so record every attempt, kept or reverted.
 
-  journal.py add --hypothesis TEXT --lever LEVER --change TEXT [--evidence TEXT]
+  journal.py add --hypothesis TEXT --lever LEVER[,LEVER] --change TEXT [--evidence TEXT]
                  [--compare-json FILE [--candidate NAME] | --verdict V --difference D]
                  [--test-compare-json FILE] --decision kept|reverted|pending
   journal.py show [--markdown]
+
+A change that moved two levers at once (a new prompt written for a larger model) names both: `--lever prompt,model`
+or `--lever prompt --lever model`; the entry keeps them in `levers`.
 
 `--compare-json` takes the output of `agl compare A B --split val --json` (FILE, or - for stdin) and fills in
 the baseline, candidate, split, verdict, difference, its interval and the number of tasks. When that compare
@@ -14,7 +17,12 @@ judged several candidates (`agl compare A B C`), `--candidate` names the one thi
 name, its reference, or RUN:variant). `--test-compare-json` takes the confirmation of the same candidate on the
 held-out split (`agl compare ... --split test --json`) and records it as the entry's `test` field.
 `kept` is refused unless the verdict is `better`, and refused when the test confirmation says `worse`: only
-what the paired rule calls better, and what held-out tasks do not contradict, stays.
+what the paired rule calls better, and what held-out tasks do not contradict, stays. An undecided change that
+fits every limit and leans better is `pending`: put it to the user as "likely better, unproven", with the
+evidence that could decide it (`agl compare` says which split and how many tasks), never drop it in silence.
+
+`show --markdown` prints each entry's difference with its 95% interval and the number of tasks, for the decision
+and for its test confirmation.
 
 Prints the entry (add) or the journal (show) as JSON. Exit 0 on success, 2 on a usage error.
 """
@@ -81,13 +89,26 @@ def from_compare(source: str, flag: str, wanted: list[str]) -> dict[str, Any]:
         "difference": (one.get("difference") or {}).get("mean"),
         "ci95": (one.get("difference") or {}).get("ci95"), "n_tasks": one.get("n_tasks"),
         "p_value": one.get("p_adjusted", one.get("p_value")),
+        "baseline_mean": one.get("baseline_mean"), "candidate_mean": one.get("candidate_mean"),
+        "more_evidence": one.get("more_evidence"),
     }
 
 
+def levers(given: list[str]) -> list[str]:
+    """The levers named, in order, each once: `--lever prompt,model` and `--lever prompt --lever model` alike."""
+    names = [name.strip() for text in given for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in LEVERS]
+    if unknown or not names:
+        fail(f"--lever {', '.join(unknown) or '(empty)'}: each lever must be one of: {', '.join(LEVERS)}")
+    return list(dict.fromkeys(names))
+
+
 def add(args: argparse.Namespace) -> dict[str, Any]:
+    named = levers(args.lever)
     entry: dict[str, Any] = {
         "time": time.time(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "hypothesis": args.hypothesis, "evidence": args.evidence, "lever": args.lever, "change": args.change,
+        "hypothesis": args.hypothesis, "evidence": args.evidence, "lever": "+".join(named), "levers": named,
+        "change": args.change,
         "spec": str(Path(args.spec).expanduser().resolve()) if args.spec else None,
         "baseline": args.baseline, "candidate": args.candidate, "split": args.split,
         "verdict": args.verdict, "difference": args.difference, "decision": args.decision, "note": args.note,
@@ -115,19 +136,39 @@ def add(args: argparse.Namespace) -> dict[str, Any]:
     return entry
 
 
-def _points(diff: Any) -> str:
-    return f"{100 * diff:+.1f} pts" if isinstance(diff, (int, float)) else ""
+def _points(diff: Any, ci95: Any = None) -> str:
+    """+6.9 pts [-0.7, +15.3]: the difference with its interval (the interval left out only when unknown)."""
+    if not isinstance(diff, (int, float)):
+        return ""
+    text = f"{100 * diff:+.1f} pts"
+    if isinstance(ci95, (list, tuple)) and len(ci95) == 2 and all(isinstance(x, (int, float)) for x in ci95):
+        text += f" [{100 * ci95[0]:+.1f}, {100 * ci95[1]:+.1f}]"
+    return text
+
+
+def _n(value: Any) -> str:
+    return str(value) if isinstance(value, int) else "?"
 
 
 def markdown(entries: list[dict[str, Any]]) -> str:
-    lines = ["| date | lever | change | verdict | difference | decision | test confirmation |",
-             "|---|---|---|---|---|---|---|"]
+    """One row per entry; every difference carries its 95% interval and n, the number of tasks it rests on."""
+    lines = ["| date | levers | change | split | verdict | difference [95% CI] | n | decision | test confirmation |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         test = e.get("test") or {}
-        confirmed = f"{test.get('verdict') or ''} {_points(test.get('difference'))}".strip() if test else ""
-        cells = [str(e.get("date", "")), str(e.get("lever", "")), str(e.get("change", "")).replace("|", "/"),
-                 str(e.get("verdict") or ""), _points(e.get("difference")), str(e.get("decision", "")), confirmed]
-        lines.append("| " + " | ".join(cells) + " |")
+        confirmed = ""
+        if test:
+            confirmed = " ".join(part for part in (str(test.get("verdict") or ""),
+                                                   _points(test.get("difference"), test.get("ci95")),
+                                                   f"(n={_n(test.get('n_tasks'))})") if part)
+        named = e.get("levers") or [e.get("lever", "")]
+        decision = str(e.get("decision", ""))
+        if decision == "pending" and (e.get("more_evidence") or {}).get("likely_better_unproven"):
+            decision += ": likely better, unproven"
+        cells = [str(e.get("date", "")), " + ".join(str(x) for x in named), str(e.get("change", "")),
+                 str(e.get("split") or ""), str(e.get("verdict") or ""), _points(e.get("difference"), e.get("ci95")),
+                 _n(e.get("n_tasks")) if e.get("verdict") else "", decision, confirmed]
+        lines.append("| " + " | ".join(cell.replace("|", "/").replace("\n", " ") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -139,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("add", help="append one attempt")
     a.add_argument("--hypothesis", required=True, help="what you expect and why, in one sentence")
     a.add_argument("--evidence", help="what suggested it: failure kinds, transcripts, the cost breakdown")
-    a.add_argument("--lever", required=True, choices=LEVERS)
+    a.add_argument("--lever", required=True, action="append", metavar="LEVER[,LEVER]",
+                   help=f"what was changed; several when one change moved two levers: {', '.join(LEVERS)}")
     a.add_argument("--change", required=True, help="what changed, e.g. a prompt file or a knob value")
     a.add_argument("--spec", help="the agl.yaml this attempt is about")
     a.add_argument("--compare-json", metavar="FILE", help="`agl compare --json` output to read (- for stdin)")
