@@ -110,6 +110,10 @@ class VerlTrainingRun(TrainingRun):
             addresses = self._verl.start(resume_from=resume_from)
         except VerlLaunchError as exc:
             raise ConfigError(str(exc)) from None
+        if self.settings.rollout_name == "vllm":
+            parser = self.settings.tool_call_parser
+            self.log(f"vLLM's tool-call parser: {parser} (the upstream's `tool_call_parser:` or --tool-call-parser "
+                     "sets another)" if parser else "vLLM runs without a tool-call parser: agents cannot send `tools`")
         urls = [f"http://{address}/v1" for address in addresses]
         stack.set_endpoints(self.upstream, urls, self._verl.served_model)
         self.log(f"the policy ({self.upstream!r}) is served by {len(urls)} rollout server(s): {', '.join(urls)}")

@@ -30,7 +30,7 @@ from rl_backend.gateway.config import POLICY_KEY_ENV
 from rl_backend.trainer.batch import TrainBatch
 from rl_backend.trainer.interfaces import Gate
 from rl_backend.trainer.verl_backend.config import VerlSettings
-from rl_backend.trainer.verl_backend.plugins import SETUP_HOOK, register_all
+from rl_backend.trainer.verl_backend.plugins import POLICY_HOST_ENV, SETUP_HOOK, register_all
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +160,13 @@ class VerlTrainer:
                 # vLLM's OpenAI server then refuses calls without this key (the gateway sends it).
                 env["VLLM_API_KEY"] = os.environ[POLICY_KEY_ENV]
             cluster = os.environ.get("RAY_ADDRESS") or None
-            # A Ray of this process's own serves on loopback only: its rollout servers (and vLLM's engine sockets)
-            # listen on the node's address, which nothing beyond this machine needs to reach.
-            local: dict[str, Any] = {} if cluster else {"_node_ip_address": "127.0.0.1"}
+            if cluster is None:
+                # A Ray of this process's own: the rollout servers listen on loopback (Ray itself will not use a
+                # loopback node address), since only this machine's gateway calls them.
+                env[POLICY_HOST_ENV] = "127.0.0.1"
             ray.init(address=cluster, num_cpus=self.settings.ray_num_cpus,
                      runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
-                     include_dashboard=False, log_to_driver=True, **local)
+                     include_dashboard=False, log_to_driver=True)
         pool, role = _resource_pool_manager(self.settings)
         tokenizer = hf_tokenizer(self.settings.model_path)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
