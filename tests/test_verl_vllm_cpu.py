@@ -39,6 +39,8 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
     pytest.mark.model,
+    # Two or three start-ups of Ray, verl's workers and vLLM each: minutes apiece on 2 shared cores.
+    pytest.mark.timeout(2400),
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("verl", "ray", "fastapi", "cachetools")),
                        reason="needs the verl extra"),
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,

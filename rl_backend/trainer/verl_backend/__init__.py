@@ -12,6 +12,7 @@ checkpoints) making the updates, on the same trajectories, advantages and rollou
 - vllm_tools.py      which vLLM tool-call parser reads the trained model's tool calls
 - cpu.py             a `cpu` platform for verl's platform registry, and verl's FSDP engine registered for it
 - plugins.py         what every verl process registers (the Ray workers' setup hook)
+- listen.py          where the rollout servers listen (loopback under a Ray of the trainer's own)
 - worker.py          verl's ActorRolloutRefWorker, joining a gloo process group first on the CPU
 - export.py          the trained model (and LoRA adapter) out of verl's checkpoint
 - runtime.py         what a launch needs (verl, Ray, vLLM, CUDA for GPUs) and the message when it is missing

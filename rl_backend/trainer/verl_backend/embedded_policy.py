@@ -63,7 +63,7 @@ class EmbeddedPolicyServer:
 
     def __init__(self, model_path: str, threads: int | None = None) -> None:
         from rl_backend.serving.server import start_embedded_server
-        from rl_backend.trainer.verl_backend.plugins import policy_host
+        from rl_backend.trainer.verl_backend.listen import policy_host
 
         host = policy_host()
         self.server = start_embedded_server(model=model_path, host=host, port=0, threads=threads)

@@ -14,15 +14,6 @@ import os
 
 # Ray imports this by its dotted name in every worker process before any task runs.
 SETUP_HOOK = f"{__name__}.register_all"
-# Where the rollout servers listen when set (loopback, under a Ray of the trainer's own); else the node's address.
-POLICY_HOST_ENV = "AGL_POLICY_HOST"
-
-
-def policy_host() -> str:
-    """The address a rollout server started in this Ray worker listens on."""
-    import ray
-
-    return os.environ.get(POLICY_HOST_ENV) or ray.util.get_node_ip_address().strip("[]")
 
 
 @functools.cache

@@ -30,7 +30,8 @@ from rl_backend.gateway.config import POLICY_KEY_ENV
 from rl_backend.trainer.batch import TrainBatch
 from rl_backend.trainer.interfaces import Gate
 from rl_backend.trainer.verl_backend.config import VerlSettings
-from rl_backend.trainer.verl_backend.plugins import POLICY_HOST_ENV, SETUP_HOOK, register_all
+from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV
+from rl_backend.trainer.verl_backend.plugins import SETUP_HOOK, register_all
 
 log = logging.getLogger(__name__)
 

@@ -140,7 +140,7 @@ def _server_class() -> type:
             return WORKER_EXTENSION
 
         def _post_init(self, cuda_visible_devices: str) -> None:
-            from rl_backend.trainer.verl_backend.plugins import policy_host
+            from rl_backend.trainer.verl_backend.listen import policy_host
 
             # The HTTP server (what the gateway calls) listens where agl's rollout servers do: loopback under a Ray
             # of the trainer's own.
@@ -170,7 +170,7 @@ def _replica_class() -> type:
             if self.nnodes != 1 or len(self.workers) != 1:
                 raise RuntimeError(f"vLLM on a CPU serves one process per replica, not {len(self.workers)} over "
                                    f"{self.nnodes} node(s): use tensor parallel size 1")
-            from rl_backend.trainer.verl_backend.plugins import policy_host
+            from rl_backend.trainer.verl_backend.listen import policy_host
 
             node_id, host = await self.workers[0].__ray_call__.remote(
                 lambda worker: (ray.get_runtime_context().get_node_id(), policy_host()))
@@ -206,10 +206,12 @@ def register() -> bool:
 
 @functools.cache
 def _worker_extension() -> type:
-    from rl_backend.trainer.verl_backend.plugins import register_all
+    from rl_backend.trainer.verl_backend.cpu import PLATFORM
+    from rl_backend.trainer.verl_backend.cpu import register as register_cpu
 
     alias_distribution()
-    register_all()  # agl's cpu platform, which verl's weight receiver asks for its device
+    if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
+        register_cpu()  # agl's cpu platform, which verl's weight receiver asks for its device
     from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
     class CpuWorkerExtension(vLLMColocateWorkerExtension):
