@@ -73,7 +73,9 @@ def _project(folder: Path, model: Path, agent: str | None = None) -> Path:
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {"AGL_HOME": str(home), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # Ray gives its raylet 10 s to register by default, which a loaded 2-core machine can miss.
+    return {"AGL_HOME": str(home), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "RAY_raylet_start_wait_time_s": "120"}
 
 
 def _processes_of(home: Path) -> list[int]:

@@ -127,6 +127,23 @@ def _resource_pool_manager(settings: VerlSettings) -> Any:
     return manager, role
 
 
+def _init_ray(init: Callable[[], Any], say: Callable[[str], None], attempts: int = 3) -> None:
+    """`init()` (ray.init), again when a local Ray's node misses the 30 s Ray gives it to register (a fixed limit
+    in Ray, which a loaded machine's start-up can exceed)."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            init()
+            return
+        except Exception as exc:
+            if attempt == attempts or "timed out during startup" not in str(exc):
+                raise
+            say(f"Ray's node did not register within Ray's 30 s start-up limit (a loaded machine?): starting it "
+                f"again ({attempt + 1} of {attempts})")
+            ray.shutdown()
+
+
 class VerlTrainer:
     """The trainer agl's TrainingLoop drives (step, train_step, save_checkpoint, serving_state_dict), over verl."""
 
@@ -165,9 +182,9 @@ class VerlTrainer:
                 # A Ray of this process's own: the rollout servers listen on loopback (Ray itself will not use a
                 # loopback node address), since only this machine's gateway calls them.
                 env[POLICY_HOST_ENV] = "127.0.0.1"
-            ray.init(address=cluster, num_cpus=self.settings.ray_num_cpus,
-                     runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
-                     include_dashboard=False, log_to_driver=True)
+            _init_ray(lambda: ray.init(address=cluster, num_cpus=self.settings.ray_num_cpus,
+                                       runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
+                                       include_dashboard=False, log_to_driver=True), self.log)
         pool, role = _resource_pool_manager(self.settings)
         tokenizer = hf_tokenizer(self.settings.model_path)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
