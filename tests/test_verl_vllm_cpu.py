@@ -144,7 +144,7 @@ def _heldout_calls(run_dir: Path, variant_prefix: str) -> list[Any]:
 
     store = RunStore(run_dir / "store.sqlite")
     try:
-        ids = [r.rollout_id for r in store.rollouts() if r.variant.startswith(variant_prefix)]
+        ids = [r.id for r in store.rollouts() if r.variant.startswith(variant_prefix)]
         return [c for rid in ids for c in store.calls(rid)]
     finally:
         store.close()
