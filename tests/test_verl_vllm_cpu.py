@@ -8,8 +8,8 @@ is most of each run.
   gateway sends; each update's weights reached vLLM by verl's own sync (the calls after step n carry vLLM's logprobs
   of the step-n checkpoint, not of the weights before it), and verl's rollout correction finds vLLM's logprobs and
   the actor's in agreement;
-- a LoRA run of an agent with tools: vLLM answers `tools` (named and auto tool choice) through the gateway, and the
-  merged weights verl syncs are the exported model's.
+- a LoRA run of an agent with tools: vLLM answers `tools` (named and auto tool choice) through the gateway, in its
+  tool-call parser's format, and the merged weights verl syncs are the exported model's.
 
 Where the CPU path differs from a GPU's (no sleep mode, the shared-memory weight transfer, eager float32) is said in
 rl_backend/trainer/verl_backend/vllm_cpu.py; the gateway's hold while replicas sleep is tests/test_verl_policy_hold.py.
@@ -229,11 +229,13 @@ def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path, home: Pa
     named = [c for c in calls if isinstance(c.request.get("tool_choice"), dict)]
     auto = [c for c in calls if c.request.get("tools") and "tool_choice" not in c.request]
     assert named and auto and len(named) == len(auto) == len(calls) // 2
-    for call in named:  # vLLM constrained the reply to the tool's JSON schema and returned it as a tool call
-        (tool_call,) = call.response["choices"][0]["message"]["tool_calls"]
-        assert tool_call["function"]["name"] == "lookup"
-        # A random model writes whitespace wherever the schema allows it, so max_tokens may cut the JSON short.
-        assert tool_call["function"]["arguments"].lstrip().startswith("{")
+    for call in named:
+        # vLLM held the reply to the tool-call format of its parser (hermes here): a `lookup` call, parsed into
+        # `tool_calls`, or, where max_tokens cut a random model's arguments short, the call's start as text.
+        message = call.response["choices"][0]["message"]
+        calls_made = [c["function"]["name"] for c in message.get("tool_calls") or []]
+        text = (message.get("content") or "").lstrip()
+        assert calls_made == ["lookup"] or text.startswith('<tool_call>') and '"name": "lookup"' in text, message
     # `tools` with the choice left to the model (what coding agents send): answered, not refused with a 400.
     assert all(c.status_code == 200 and c.error is None for c in calls)
     assert all(c.prompt_token_ids and c.completion_token_ids and c.logprobs for c in calls)
