@@ -127,6 +127,11 @@ def _resource_pool_manager(settings: VerlSettings) -> Any:
     return manager, role
 
 
+# verl's KL estimate between the sampled and the recomputed logprobs past which a step says so: float32 servers on a
+# CPU agree to ~1e-7, bfloat16 ones on GPUs to ~1e-3.
+KL_WARNING = 0.01
+
+
 def _init_ray(init: Callable[[], Any], say: Callable[[str], None], attempts: int = 3) -> None:
     """`init()` (ray.init), again when a local Ray's node misses the 30 s Ray gives it to register (a fixed limit
     in Ray, which a loaded machine's start-up can exceed)."""
@@ -270,6 +275,11 @@ class VerlTrainer:
         metrics.update(step_metrics(calculate_debug_metrics(data)))
         data, correction = compute_rollout_correction_and_add_to_batch(data, self.cfg.algorithm.rollout_correction)
         metrics.update(step_metrics(correction))
+        if metrics.get("rollout_corr_kl", 0.0) > KL_WARNING:
+            self.log(f"warning: the logprobs the policy server returned while sampling differ from the trainer's "
+                     f"(verl's rollout_corr_kl {metrics['rollout_corr_kl']:.3g}): tokens drawn under a grammar "
+                     "(a `tool_choice` naming a tool, `required`, `strict` tools, `response_format`) or sampling "
+                     "settings the loss does not model; the rollout correction truncates their weights")
         out = ppo._update_actor(data)
         metrics.update(step_metrics(out.meta_info["metrics"]))
         self.step += 1
