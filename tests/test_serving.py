@@ -299,7 +299,11 @@ def test_bad_inputs_are_400_with_a_fix(server: Any, client: openai.OpenAI) -> No
     _expect_error(lambda: create(model=MODEL, messages=_user("x"), n=2), 400, "n")
     _expect_error(lambda: create(model=MODEL, messages=_user("x"), top_logprobs=2), 400, "logprobs")
     tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    _expect_error(lambda: create(model=MODEL, messages=_user("x"), tools=tools), 400, "tool")
+    # The embedded engine parses no tool calls: refused, with the two ways out (a text protocol, or vLLM).
+    _expect_error(lambda: create(model=MODEL, messages=_user("x"), tools=tools), 400, "tools", "system prompt", "vLLM")
+    call: Any = {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    _expect_error(lambda: create(model=MODEL, messages=[*_user("x"), call]), 400, "tool calls", "vLLM")
     image: Any = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
     _expect_error(lambda: create(model=MODEL, messages=image), 400, "text")
     huge = "word " * 9000

@@ -90,6 +90,20 @@ def test_the_cpu_config_serves_from_the_embedded_engine_in_float32() -> None:
     assert cfg.trainer.device == "cpu"
 
 
+def test_the_cpu_config_for_vllm_turns_off_what_vllms_cpu_build_lacks() -> None:
+    """vLLM's CPU build has no sleep mode and would compile for minutes: the servers keep their memory, run eagerly
+    in float32 (the actor's precision on a CPU), and take the weights through a shared-memory bucket."""
+    _, cfg = _rendered(_settings(device="cpu", policy_server="vllm", tool_call_parser="hermes"))
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.name == "vllm" and rollout.load_format == "dummy" and rollout.dtype == "float32"
+    assert (rollout.enforce_eager, rollout.free_cache_engine, rollout.enable_sleep_mode) == (True, False, False)
+    assert rollout.checkpoint_engine.update_weights_bucket_megabytes == 512
+    assert dict(rollout.engine_kwargs.vllm) == {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+    _, gpu = _rendered(_settings(tool_call_parser=None))
+    assert gpu.actor_rollout_ref.rollout.dtype == "bfloat16" and gpu.actor_rollout_ref.rollout.enable_sleep_mode
+    assert not gpu.actor_rollout_ref.rollout.engine_kwargs.vllm  # no parser: vLLM starts without tool calls
+
+
 def test_only_keys_the_verl_path_reads_are_rendered() -> None:
     """The dry run once validated `data.*`, `trainer.default_local_dir`, `rollout.n` and the like, which never
     reached the code: what is rendered now is what the driver (RayPPOTrainer and its workers) reads."""
@@ -120,7 +134,8 @@ def test_a_misspelt_key_or_a_value_verl_rejects_fails_on_the_cpu() -> None:
         vconfig.validate(text.replace('"agl_rollout"', '"agl_rolout"'), _settings())
     for bad, message in ((_settings(kl_coef=0.1), "kl-coef"), (_settings(tensor_parallel=3, gpus_per_node=4),
                          "tensor parallel size 3"), (_settings(lora_rank=12), "vLLM serves only ranks 1, 8, 16"),
-                         (_settings(device="cpu"), "vLLM needs CUDA"),
+                         (_settings(device="cpu", tensor_parallel=2, gpus_per_node=2), "vLLM on a CPU"),
+                         (_settings(rollout_dtype="fp8"), "rollout dtype 'fp8'"),
                          (_settings(policy_server="embedded", tensor_parallel=2, gpus_per_node=2), "no tensor")):
         with pytest.raises(vconfig.VerlConfigError, match=message):
             bad.check()

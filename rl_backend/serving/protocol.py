@@ -206,8 +206,8 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
             )
         if m.get("tool_calls") or m.get("function_call"):
             raise RequestError(
-                f"`messages[{i}]` has tool calls, but this model's chat template has no tool support; "
-                "put the call in the message text instead",
+                f"`messages[{i}]` has tool calls, which agl's embedded engine does not take (it has no tool "
+                "support); put the call in the message text instead, or serve the model with vLLM",
                 param=f"messages[{i}].tool_calls",
             )
         # OpenAI's newer "developer" role is the system prompt under another name.
@@ -222,8 +222,9 @@ def parse_chat(body: Any, served: str, encode_chat: Any, aliases: Collection[str
     messages = chat_messages(b.get("messages"))
     if b.get("tools") or b.get("functions"):
         raise RequestError(
-            "this model's chat template has no tool support, so `tools` cannot be used; describe the tools in the "
-            "system prompt and parse a text protocol from the reply instead",
+            "agl's embedded engine takes no `tools` (it parses no tool calls out of the reply): describe the tools "
+            "in the system prompt and parse a text protocol from the reply, or serve the model with vLLM, which "
+            "returns `tool_calls` (`agl train --backend verl --policy-server vllm`, or an openai-compatible upstream)",
             param="tools",
         )
     tool_choice = b.get("tool_choice")

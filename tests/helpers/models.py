@@ -35,10 +35,12 @@ def write_training_project(folder: Path, model: str, *, name: str = "tinyverl", 
     return folder / "agl.yaml"
 
 
-def make_tiny_chat_model(folder: Path, *, kv_heads: int = 2) -> Path:
+def make_tiny_chat_model(folder: Path, *, kv_heads: int = 2, heads: int = 4, max_positions: int = 512) -> Path:
     """A randomly initialised 2-layer Llama with SmolLM2-135M-Instruct's tokenizer and chat template (skips the test
     where the tokenizer's package or the local extra is missing). The embedded server, the gateway and the trainer
-    run their real code on it in seconds, where SmolLM2 itself would add minutes and nothing to check."""
+    run their real code on it in seconds, where SmolLM2 itself would add minutes and nothing to check. vLLM's CPU
+    attention needs a head size of at least 32 (`heads=2` on the hidden size of 64) and serves the 6144-token context
+    the verl backend asks for only from a model whose `max_positions` allows it."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import torch
@@ -52,8 +54,9 @@ def make_tiny_chat_model(folder: Path, *, kv_heads: int = 2) -> Path:
         pytest.skip(str(exc))
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=512, tie_word_embeddings=True,
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)

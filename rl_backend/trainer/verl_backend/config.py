@@ -24,6 +24,7 @@ TEMPLATE = "verl/ppo_trainer.yaml.j2"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEVICES = ("cuda", "cpu")
 POLICY_SERVERS = ("vllm", "embedded")
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 class VerlConfigError(ValueError):
@@ -63,6 +64,9 @@ class VerlSettings:
     attn_implementation: str = "sdpa"
     rollout_is: str | None = "token"  # verl's rollout correction: truncated importance weights per token
     rollout_is_threshold: float = 2.0
+    # vLLM's tool-call parser (its --tool-call-parser), None: tool calls off (vllm_tools.py picks one per family).
+    tool_call_parser: str | None = None
+    rollout_dtype: str | None = None  # what vLLM computes in; None: float32 on a CPU (as the actor), else bfloat16
 
     @property
     def policy_loss(self) -> str:
@@ -84,6 +88,10 @@ class VerlSettings:
         """vLLM's OpenAI server (what the gateway calls) cannot select an adapter verl loads into its engine, so on
         GPUs the adapter is merged into the weights verl syncs; the embedded server takes the adapter itself."""
         return self.rollout_name == "vllm"
+
+    @property
+    def vllm_dtype(self) -> str:
+        return self.rollout_dtype or ("float32" if self.device == "cpu" else "bfloat16")
 
     @property
     def world_size(self) -> int:
@@ -113,9 +121,10 @@ class VerlSettings:
                                   "GPUs per node")
         if self.policy_server not in POLICY_SERVERS:
             raise VerlConfigError(f"policy server {self.policy_server!r}: use one of {', '.join(POLICY_SERVERS)}")
-        if self.device == "cpu" and self.policy_server != "embedded":
-            raise VerlConfigError("vLLM needs CUDA: on a CPU the embedded engine serves the policy (--policy-server "
-                                  "embedded)")
+        if self.device == "cpu" and self.policy_server == "vllm" and self.tensor_parallel != 1:
+            raise VerlConfigError("vLLM on a CPU serves the policy from one process: use --tensor-parallel 1")
+        if self.rollout_dtype not in (None, *ROLLOUT_DTYPES):
+            raise VerlConfigError(f"rollout dtype {self.rollout_dtype!r}: use one of {', '.join(ROLLOUT_DTYPES)}")
         if self.policy_server == "embedded" and self.tensor_parallel != 1:
             raise VerlConfigError("the embedded policy server has no tensor parallelism: use --tensor-parallel 1")
         if self.lora_rank and self.rollout_name == "vllm" and self.lora_rank not in VLLM_LORA_RANKS:
@@ -127,7 +136,8 @@ class VerlSettings:
             raise VerlConfigError(f"gpu_memory_utilization {self.gpu_memory_utilization} must be in [0.05, 0.95]")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "rollout_name": self.rollout_name, "lora_merge": self.lora_merge}
+        return {**asdict(self), "rollout_name": self.rollout_name, "lora_merge": self.lora_merge,
+                "vllm_dtype": self.vllm_dtype}
 
 
 def verl_version() -> str:
@@ -160,9 +170,14 @@ def validate(rendered: str, settings: VerlSettings) -> Any:
     OmegaConf.set_struct(base, True)
     # Free-form in verl: Hugging Face config overrides (agl sets the attention implementation there).
     OmegaConf.set_struct(base.actor_rollout_ref.model.override_config, False)
+    # Free-form too: vLLM's own engine and server arguments (agl sets the tool-call parser there).
+    OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
     # A field of verl's FSDPEngineConfig that its packaged YAML leaves out (None: bfloat16 parameters).
     with open_dict(base.actor_rollout_ref.actor.fsdp_config):
         base.actor_rollout_ref.actor.fsdp_config.mixed_precision = None
+    # And one of its RolloutConfig (vLLM's --enable-sleep-mode; True there), which vLLM's CPU build does not have.
+    with open_dict(base.actor_rollout_ref.rollout):
+        base.actor_rollout_ref.rollout.enable_sleep_mode = True
     try:
         merged = OmegaConf.merge(base, OmegaConf.create(rendered))
     except OmegaConfBaseException as exc:

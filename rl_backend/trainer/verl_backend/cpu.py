@@ -4,8 +4,8 @@ verl 0.9.1 ships platforms for CUDA, ROCm and Ascend NPUs only, and registers it
 Everything else it needs is device-neutral: FSDP2 (`fully_shard`) runs on CPU tensors over gloo, SDPA attention runs
 on the CPU, and its workers reach the device through the platform object. So agl registers a `cpu` platform
 (selected with VERL_PLATFORM=cpu) and the same FSDP engine class for it: the whole verl driver (Ray workers, the
-FSDP engine, old-logprob recompute, checkpoints, weight sync) then runs in CI, with only the device and the policy
-server (agl's embedded engine instead of vLLM, see embedded_policy.py) swapped.
+FSDP engine, old-logprob recompute, checkpoints, weight sync) then runs in CI, with only the device swapped and the
+policy server either agl's embedded engine (embedded_policy.py) or vLLM's CPU build (vllm_cpu.py).
 
 Two things differ from a GPU and are handled where they arise: verl builds its process group with the backend
 string "cpu:gloo,<device>:<backend>", which torch rejects when both halves name the CPU (worker.py initializes a

@@ -62,11 +62,10 @@ class EmbeddedPolicyServer:
     """The body of the policy server actor: an embedded server on this node, and weight swaps into it."""
 
     def __init__(self, model_path: str, threads: int | None = None) -> None:
-        import ray
-
         from rl_backend.serving.server import start_embedded_server
+        from rl_backend.trainer.verl_backend.listen import policy_host
 
-        host = ray.util.get_node_ip_address().strip("[]")
+        host = policy_host()
         self.server = start_embedded_server(model=model_path, host=host, port=0, threads=threads)
         engine = self.server.engine
         # The base weights, kept for the adapter hot-load (the served weights change with every merged adapter).

