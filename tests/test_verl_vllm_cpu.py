@@ -49,6 +49,11 @@ pytestmark = [
 
 TRAIN = ["--backend", "verl", "--device", "cpu", "--policy-server", "vllm", "--tasks-per-step", "2", "--group-size", "2",
          "--heldout-limit", "2"]
+# How far vLLM's logprobs may be from Hugging Face's float32 recompute of the same weights and still count as "the same
+# model": vLLM's CPU kernels sum in another order, and on this random model the gap reached 1.2e-3 in one CI run
+# (1e-3 was too tight). A different checkpoint (one update at these learning rates) is always more than DIFFERENT away.
+SAME = 5e-3
+DIFFERENT = 1e-2
 SERVED = re.compile(r"is served by 1 rollout server\(s\): (http://[^/\s]+/v1)")
 
 
@@ -205,13 +210,13 @@ def test_vllm_serves_the_agent_syncs_every_update_and_a_killed_run_resumes(model
     # Step 2's rollouts were served by the step-1 weights the resumed trainer loaded and verl synced into vLLM.
     calls = _calls(run_dir, step2["rollout_ids"])
     assert calls and all(c.model_version == "step-1" and c.status_code == 200 for c in calls)
-    assert max(_gap(c, step1_model) for c in calls) < 1e-3
-    assert max(_gap(c, model) for c in calls) > 1e-2
+    assert max(_gap(c, step1_model) for c in calls) < SAME
+    assert max(_gap(c, model) for c in calls) > DIFFERENT
     # The held-out rollouts after training were served by the weights verl synced after update 2.
     after = _heldout_calls(run_dir, "after-step-")
     assert after and all(c.model_version == "step-2" for c in after)
-    assert max(_gap(c, trained) for c in after) < 1e-3
-    assert max(_gap(c, step1_model) for c in after) > 1e-2
+    assert max(_gap(c, trained) for c in after) < SAME
+    assert max(_gap(c, step1_model) for c in after) > DIFFERENT
 
 
 def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path, home: Path) -> None:
@@ -239,7 +244,7 @@ def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path, home: Pa
     assert all(c.status_code == 200 and c.error is None for c in calls)
     assert all(c.prompt_token_ids and c.completion_token_ids and c.logprobs for c in calls)
     # Sampled freely, a call's logprobs are the model's own (the step-0 weights: LoRA starts at the base).
-    assert max(_gap(c, model) for c in auto) < 1e-3
+    assert max(_gap(c, model) for c in auto) < SAME
     # Under a grammar (the named tool), vLLM returns the masked distribution's logprobs: a forced token's is 0, the
     # model's own far lower. verl's correction sees the gap and agl says so: training on such calls is biased.
     forced = [(c, i) for c in named for i, lp in enumerate(c.logprobs) if lp == 0.0]
@@ -252,5 +257,5 @@ def test_a_lora_run_of_an_agent_with_tools(model: Path, tmp_path: Path, home: Pa
     after = _heldout_calls(run_dir, "after-step-")
     assert after and all(c.model_version == "step-1" for c in after)
     free = [c for c in after if c.request.get("tools") and "tool_choice" not in c.request]
-    assert free and max(_gap(c, trained) for c in free) < 1e-3
-    assert max(_gap(c, model) for c in free) > 1e-2
+    assert free and max(_gap(c, trained) for c in free) < SAME
+    assert max(_gap(c, model) for c in free) > DIFFERENT
