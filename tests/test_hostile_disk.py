@@ -13,7 +13,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,19 +20,12 @@ import pytest
 
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import RolloutStatus
-from tests.helpers import AGL, FIXTURES, agl_env, run_agl, write_spec
+from tests.helpers import AGL, FIXTURES, agl_env, run_agl, wait_for, write_spec
 
 # {python}, not `python`: run as `nobody` (see _read_only_runner), a PATH lookup may not see the interpreter.
 AGENT = f"{{python}} {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"{{python}} {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the checks read Linux's /proc")
-
-
-def _wait_for(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _terminal(run: Path) -> dict[str, str]:
@@ -62,9 +54,9 @@ def test_a_store_locked_by_another_process_stops_the_run_clearly_and_resume_fini
                            env=agl_env({"AGL_STORE_BUSY_TIMEOUT_S": "1"}),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     runs = tmp_path / ".agl" / "runs"
-    _wait_for(lambda: list(runs.glob("*/rollouts/*/started")), 60, "the held agent to start")
+    wait_for(lambda: list(runs.glob("*/rollouts/*/started")), 60, "the held agent to start")
     run = next(runs.glob("*/store.sqlite")).parent
-    _wait_for(lambda: "fast" in _terminal(run), 60, "the fast rollout to finish")
+    wait_for(lambda: "fast" in _terminal(run), 60, "the fast rollout to finish")
     holder = sqlite3.connect(run / "store.sqlite", isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")  # what another program holding the store does

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,19 +18,12 @@ from agl_cli.main import app
 from rl_backend.store.db import RunStore, StoreError
 from rl_backend.store.records import Rollout, RolloutStatus
 from rl_backend.store.runlock import RunLock, lock_holder
-from tests.helpers import FIXTURES, agl_env, run_agl, write_spec
+from tests.helpers import FIXTURES, agl_env, run_agl, wait_for, write_spec
 from tests.helpers import process_alive as _alive
 
 AGENT = f"python {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"python {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process checks read Linux's /proc")
-
-
-def _wait_for(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _start_agl(folder: Path, *args: str) -> subprocess.Popen[str]:
@@ -78,7 +70,7 @@ def test_agent_exit_ends_the_rollout_even_with_children_holding_its_stdout(tmp_p
     assert rollout.duration_s is not None and rollout.duration_s < 30, "it waited for the children, not the agent"
     assert "done, children keep running" in (rollout.stdout_tail or "")
     pids = json.loads((run / "rollouts" / rollout.id / "pids.json").read_text())
-    _wait_for(lambda: not _alive(pids["child"]) and not _alive(pids["grandchild"]), 5, "the children to be ended")
+    wait_for(lambda: not _alive(pids["child"]) and not _alive(pids["grandchild"]), 5, "the children to be ended")
 
 
 def test_a_child_in_a_group_of_its_own_with_a_scrubbed_environment_ends_with_its_agent(tmp_path: Path) -> None:
@@ -89,7 +81,8 @@ def test_a_child_in_a_group_of_its_own_with_a_scrubbed_environment_ends_with_its
     assert "Event loop is closed" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     run = Path(json.loads(result.stdout)["run_dir"])
     (rollout,) = RunStore(run / "store.sqlite").rollouts()
-    assert rollout.reward == 1.0 and rollout.duration_s is not None and rollout.duration_s < 4, rollout
+    # The child sleeps 300 s: a rollout that waited for it would take minutes; 30 s leaves room for a loaded machine.
+    assert rollout.reward == 1.0 and rollout.duration_s is not None and rollout.duration_s < 30, rollout
     pids = json.loads((run / "rollouts" / rollout.id / "pids.json").read_text())
     assert not _alive(pids["child"]), "the child outlived agl"  # ended before agl exited: no waiting here
 
@@ -113,7 +106,7 @@ def _hang_first(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, list[dict[
     tasks = [{"id": f"t{i}", "behavior": "hang_first_attempt", "answer": "ok"} for i in range(2)]
     write_spec(tmp_path, tasks, agent={"command": AGENT, "timeout_s": 120}, grader={"command": GRADER}, concurrency=2)
     proc = _start_agl(tmp_path, "eval", "agl.yaml", "--json")
-    _wait_for(lambda: len(list((tmp_path / ".agl" / "runs").glob("*/rollouts/*-1/pids.json"))) == 2, 60,
+    wait_for(lambda: len(list((tmp_path / ".agl" / "runs").glob("*/rollouts/*-1/pids.json"))) == 2, 60,
               "both agents to start their children")
     run = _only_run(tmp_path)
     families = [json.loads(p.read_text()) for p in sorted(run.glob("rollouts/*-1/pids.json"))]
@@ -138,17 +131,17 @@ def test_nothing_an_agent_started_outlives_a_killed_agl(tmp_path: Path) -> None:
     proc, run, families = _hang_first(tmp_path)
     _kill_9(proc)
     everything = [pid for family in families for pid in family.values()]
-    _wait_for(lambda: not any(_alive(pid) for pid in everything), 10, "the agents and all they started to end")
+    wait_for(lambda: not any(_alive(pid) for pid in everything), 10, "the agents and all they started to end")
 
 
 def test_resume_ends_what_a_killed_agl_left_running(tmp_path: Path) -> None:
     proc, run, families = _hang_first(tmp_path)
     store = RunStore(run / "store.sqlite")
-    _wait_for(lambda: len(store.agent_processes()) == 2, 10, "each running agent to be on record")
+    wait_for(lambda: len(store.agent_processes()) == 2, 10, "each running agent to be on record")
     os.kill(_watchdog_of(proc.pid), signal.SIGKILL)  # as if the watchdog had been killed too
     _kill_9(proc)
     # The kernel ends each agent (its parent-death signal); what the agents started is left for the resume.
-    _wait_for(lambda: not any(_alive(f["agent"]) for f in families), 5, "the agents to die with agl")
+    wait_for(lambda: not any(_alive(f["agent"]) for f in families), 5, "the agents to die with agl")
     assert all(_alive(f["child"]) and _alive(f["grandchild"]) for f in families)
 
     result = run_agl(["eval", "--resume", run.name, "--json", "--no-report"], cwd=tmp_path)
@@ -171,14 +164,14 @@ def test_two_resumes_of_one_eval_run_the_rest_once(tmp_path: Path) -> None:
     write_spec(tmp_path, [{**t, "sleep": 0.4} for t in tasks], concurrency=2,
                agent={"command": behave, "env": {"BEHAVE_MARKERS": str(markers)}})
     first = _start_agl(tmp_path, "eval", "agl.yaml", "--json")
-    _wait_for(lambda: _started(tmp_path) and _finished(_only_run(tmp_path)) >= 2, 60,
+    wait_for(lambda: _started(tmp_path) and _finished(_only_run(tmp_path)) >= 2, 60,
               "the first rollouts to finish")
     run = _only_run(tmp_path)
     _kill_9(first)
     done_before = {r.task_id for r in RunStore(run / "store.sqlite").rollouts() if r.status.terminal}
 
     resume_a = _start_agl(tmp_path, "eval", "--resume", run.name, "--json", "--no-report")
-    _wait_for(lambda: lock_holder(run) == resume_a.pid, 30, "the first resume to hold the run")
+    wait_for(lambda: lock_holder(run) == resume_a.pid, 30, "the first resume to hold the run")
     resume_b = run_agl(["eval", "--resume", run.name, "--json", "--no-report"], cwd=tmp_path)
     assert resume_b.returncode == 2, resume_b.stderr
     text = " ".join(resume_b.stderr.split())
@@ -207,7 +200,7 @@ def test_two_resumes_of_one_study_run_the_rest_once(tmp_path: Path) -> None:
                agent={"command": behave, "env": {"BEHAVE_MARKERS": str(markers)}},
                knobs={"flavour": {"values": ["plain", "spicy"], "via": "env", "name": "FLAVOUR"}})
     study = _start_agl(tmp_path, "optimize", "agl.yaml", "--json", "--quiet")
-    _wait_for(lambda: _started(tmp_path) and lock_holder(_only_run(tmp_path)) == study.pid, 60,
+    wait_for(lambda: _started(tmp_path) and lock_holder(_only_run(tmp_path)) == study.pid, 60,
               "the study to start")
     run = _only_run(tmp_path)
     second = run_agl(["optimize", "--resume", run.name, "--json"], cwd=tmp_path)
@@ -277,7 +270,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path, command: str) -> Non
                tasks={"split": {"field": "split"}},
                knobs={"flavour": {"values": ["a", "b"], "via": "env", "name": "FLAVOUR"}})
     proc = _start_agl(tmp_path, command, "agl.yaml", "--json", "--quiet")
-    _wait_for(lambda: list((tmp_path / ".agl" / "runs").glob("*/rollouts/*/started")), 60, "the held agent to start")
+    wait_for(lambda: list((tmp_path / ".agl" / "runs").glob("*/rollouts/*/started")), 60, "the held agent to start")
     run = _only_run(tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

@@ -8,7 +8,6 @@ import json
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from agl_cli.errors import UsageError
 from agl_cli.report.gate import regression_verdict
 from agl_cli.rundir import RunDir
 from rl_backend.store.db import RunStore
-from tests.helpers import AGL, FIXTURES, agl_env, invoke_agl, run_agl, write_spec
+from tests.helpers import AGL, FIXTURES, agl_env, invoke_agl, run_agl, wait_for, write_spec
 
 AGENT = f"python {FIXTURES / 'hostile_agent.py'} {{task_file}} {{output_file}}"
 GRADER = f"python {FIXTURES / 'hostile_grader.py'} {{task_file}} {{output_file}}"
@@ -113,13 +112,6 @@ def test_runs_older_than_per_task_hashes_are_checked_by_their_manifests_or_said_
 # -- resuming after the task file changed ---------------------------------------------------------------------------
 
 
-def _wait_for(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _finished(run: Path) -> set[str]:
     if not (run / "store.sqlite").exists():
         return set()
@@ -140,9 +132,9 @@ def _interrupted_run(folder: Path, task_list: list[dict[str, Any]], *args: str, 
     agl = subprocess.Popen([*AGL, *args], cwd=folder, env=agl_env(), text=True, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
     runs = folder / ".agl" / "runs"
-    _wait_for(lambda: list(runs.glob("*/rollouts/*/started")), 60, "the held rollout to start")
+    wait_for(lambda: list(runs.glob("*/rollouts/*/started")), 60, "the held rollout to start")
     run = next(p for p in runs.iterdir() if (p / "manifest.json").is_file())
-    _wait_for(lambda: len(_finished(run)) >= finished, 60, "the other rollouts to finish")
+    wait_for(lambda: len(_finished(run)) >= finished, 60, "the other rollouts to finish")
     agl.send_signal(signal.SIGINT)
     _, err = agl.communicate(timeout=60)
     assert agl.returncode == 130, err

@@ -13,9 +13,10 @@ from tests.helpers.agl import (
     invoke_agl,
     process_alive,
     run_agl,
+    wait_for,
     write_spec,
     write_tasks,
 )
 
 __all__ = ["AGL", "FIXTURES", "GATEWAY_SERVE", "REPO", "agl_env", "invoke_agl", "process_alive", "run_agl",
-           "write_spec", "write_tasks"]
+           "wait_for", "write_spec", "write_tasks"]
