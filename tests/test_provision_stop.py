@@ -141,3 +141,45 @@ def test_stop_deletes_the_rollout_jobs_a_dying_trainer_starts_in_its_grace_perio
     deleted, remaining = asyncio.run(scenario())
     assert {"Job/agl-0001-r1-1", "Job/agl-0001-r2-1", f"Job/{NAMES.trainer}"} <= set(deleted)
     assert not {n for n in remaining if n.startswith(("Job/", "Pod/"))}, remaining
+
+
+def test_a_training_run_runs_one_plan_after_another_on_kubernetes(tmp_path: Path) -> None:
+    """Training runs a plan per step (and the held-out ones), each through `run_plan`, which closes the controller
+    at the end (deleting the plan's Jobs): the next plan must still run its rollouts as Jobs."""
+    from types import SimpleNamespace
+
+    from agl_cli.spec import load_spec
+    from agl_cli.training import run_plan
+    from tests.helpers.k8s_rollouts import make_job
+
+    (tmp_path / "agent.py").write_text((Path(__file__).parent / "helpers" / "k8s_rollouts.py").read_text()
+                                       .split("AGENT = r'''", 1)[1].split("'''", 1)[0])
+    (tmp_path / "tasks.jsonl").write_text('{"id": "t"}\n')
+    (tmp_path / "grade.py").write_text("print(1.0)\n")
+    image_env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"}
+    with cluster_in_thread(image_env) as api_url:
+        spec_doc = {"name": "k8s", "agent": {"command": "{python} agent.py {task_file} {output_file}"},
+                    "tasks": {"path": "tasks.jsonl"}, "grader": {"command": "{python} grade.py"},
+                    "runner": "kubernetes",
+                    "kubernetes": {"image": "agent:1", "kubeconfig": str(_kubeconfig(tmp_path, api_url)),
+                                   "workdir": str(tmp_path), "gateway_url": "http://10.1.2.3:8400",
+                                   "startup_allowance_s": 0, "create_qps": 50, "watch_timeout_s": 1}}
+        (tmp_path / "agl.yaml").write_text(yaml.safe_dump(spec_doc, sort_keys=False))
+        spec = load_spec(tmp_path / "agl.yaml")
+        from agl_cli.controllers import make_controller
+
+        results: list[object] = []
+
+        class Plans(SimpleNamespace):
+            """What run_plan uses of an EvalRunner: its spec, run and controller, and `run(plan)`."""
+
+            async def run(self, plan: list[str]) -> None:
+                results.extend([await self.controller.run(make_job(tmp_path, rid, {"id": rid})) for rid in plan])
+
+        runner = Plans(spec=spec, run_dir=SimpleNamespace(run_id="20261202-plans"),
+                       controller=make_controller(spec, "20261202-plans"))
+        run_plan(runner, ["s1-1"])  # type: ignore[arg-type]
+        run_plan(runner, ["s2-1"])  # type: ignore[arg-type]
+        remaining = _jobs(api_url)
+    assert [getattr(r, "exit_code", None) for r in results] == [0, 0], results
+    assert remaining == []
