@@ -245,11 +245,15 @@ class Resources:
             raise
         return bytes(response.data or b"").decode("utf-8", "replace")
 
-    def follow_log(self, pod: str, container: str | None, since_seconds: int | None = None) -> Iterator[str]:
-        """The container's log line by line as it grows, until the container ends or the connection drops."""
+    def follow_log(self, pod: str, container: str | None, since_seconds: int | None = None,
+                   timestamps: bool = False) -> Iterator[str]:
+        """The container's log line by line as it grows, until the container ends or the connection drops. With
+        `timestamps`, each line starts with the time the runtime logged it (RFC 3339, nanoseconds) and a space."""
         kwargs: dict[str, Any] = {"container": container, "follow": True}
         if since_seconds is not None:
             kwargs["since_seconds"] = since_seconds
+        if timestamps:
+            kwargs["timestamps"] = True
         response = self._apis["CoreV1Api"].read_namespaced_pod_log(
             pod, self.namespace, _preload_content=False, _request_timeout=(10, 600), **kwargs)
         pending = b""
