@@ -41,6 +41,7 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("PersistentVolumeClaim", "CoreV1Api", "persistent_volume_claim"),
     Kind("Service", "CoreV1Api", "service"),
     Kind("NetworkPolicy", "NetworkingV1Api", "network_policy"),
+    Kind("PodDisruptionBudget", "PolicyV1Api", "pod_disruption_budget"),
     Kind("Deployment", "AppsV1Api", "deployment"),
     Kind("Job", "BatchV1Api", "job"),
     Kind("RayJob", "CustomObjectsApi", group="ray.io", version="v1", plural="rayjobs"),
@@ -50,7 +51,7 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
 )}
 # The order a provision applies in; `stop` deletes in reverse (the trainer first, the owner last).
 APPLY_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy",
-               "PersistentVolumeClaim", "Service", "Deployment", "Job", "RayJob"]
+               "PersistentVolumeClaim", "Service", "PodDisruptionBudget", "Deployment", "Job", "RayJob"]
 
 
 def load_api_client(cluster: ClusterOptions) -> Any:
