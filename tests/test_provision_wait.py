@@ -247,11 +247,12 @@ def test_no_permission_to_read_pods_fails_at_once_and_rolls_back(tmp_path: Path)
 
 def test_step_rows_written_after_the_kubelet_rotated_the_log_are_printed(tmp_path: Path) -> None:
     """The kubelet rotates a container's log at 10 MiB and then serves only the new file: far fewer lines than agl
-    had read before. Rows after the rotation are printed (once each), none read before is printed again."""
+    had read before. Rows after the rotation are printed (once each), none read before is printed again, and
+    rows rotated away before agl read them are said to be missing (stderr), with where they are."""
     import datetime
 
     target = load_target(write_project(tmp_path))
-    err, out, _, out_text = consoles()
+    err, out, err_text, out_text = consoles()
     second = datetime.timedelta(seconds=1)
 
     async def until_rows(count: int) -> None:
@@ -280,10 +281,16 @@ def test_step_rows_written_after_the_kubelet_rotated_the_log_are_printed(tmp_pat
             logs.logs[pod] += b'{"step": 4, "reward": 1.0}\n'
             await until_rows(4)
             await asyncio.sleep(0.5)  # more reconnects: nothing is printed twice
+            # Rotated again before agl read step 5 (a dropped connection): the gap is said, not hidden.
+            logs.stamps[pod] = [start + 20 * second]
+            logs.logs[pod] = bytearray(b'{"step": 6, "reward": 1.0}\n')
+            await until_rows(5)
             await patch_status(server, "Job", NAMES.trainer, {
                 "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
             return await asyncio.wait_for(task, 30)
 
     result = asyncio.run(scenario())
     assert result.outcome == "succeeded"
-    assert [json.loads(line)["step"] for line in out_text.getvalue().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(line)["step"] for line in out_text.getvalue().splitlines()] == [1, 2, 3, 4, 6]
+    assert err_text.getvalue().count("rotated out of the trainer's log") == 1
+    assert "step(s) 5 were rotated out" in err_text.getvalue() and "checkpoint volume" in err_text.getvalue()

@@ -109,13 +109,16 @@ def log_source(res: Resources, names: Names, topology: Topology) -> tuple[str, s
 
 
 def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPrinter, *, poll_s: float = 2.0,
-           sleep: Callable[[float], None] = time.sleep) -> tuple[str, str]:
-    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail)."""
+           sleep: Callable[[float], None] = time.sleep, note: Callable[[str], None] = lambda _: None,
+           ) -> tuple[str, str]:
+    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail). Steps missing between two
+    rows of one container (rotated out of the log while agl was not connected) are said through `note`."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     kind = "Job" if topology.kind == "job" else "RayJob"
     read_up_to: dict[tuple[str, int], tuple[int, int]] = {}  # the last line's time, per container instance
+    last_step: dict[tuple[str, int], int] = {}
     while True:
         try:
             trainer = res.read(kind, names.trainer)
@@ -129,8 +132,17 @@ def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPri
                     if stamp is None or stamp <= read_up_to.get((pod, restarts), (0, -1)):
                         continue
                     read_up_to[(pod, restarts)] = stamp
-                    if (row := metric_row(line)) is not None:
-                        printer.row(row)
+                    if (row := metric_row(line)) is None:
+                        continue
+                    step, before = row.get("step"), last_step.get((pod, restarts))
+                    if isinstance(step, int) and isinstance(before, int) and step > before + 1:
+                        missed = f"{before + 1}" if step == before + 2 else f"{before + 1}-{step - 1}"
+                        note(f"the rows of step(s) {missed} were rotated out of the trainer's log before agl read "
+                             "them; every step is in the run's store on the checkpoint volume (and its "
+                             "train_metrics.jsonl once the train ends)")
+                    if isinstance(step, int):
+                        last_step[(pod, restarts)] = step
+                    printer.row(row)
             finished = trainer_finished(res.read(kind, names.trainer) or {"kind": kind})
             if finished is not None:
                 return finished

@@ -234,7 +234,7 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
         return result
     printer = MetricsPrinter(out, json_output=options.json_output)
     try:
-        outcome, detail = follow(res, names, topology, printer, poll_s=options.poll_s, sleep=sleep)
+        outcome, detail = follow(res, names, topology, printer, poll_s=options.poll_s, sleep=sleep, note=log)
     except KeyboardInterrupt:
         result.outcome, result.last_metrics = "interrupted", printer.last
         return result
