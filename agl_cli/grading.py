@@ -6,9 +6,11 @@ with the reason: a missing reward is never counted as 0.
 In a cluster (a pod: $KUBERNETES_SERVICE_HOST is set) agl's process holds the controller's credentials, so no
 grader runs inside it: an `entry:` grader runs in a child process (agl_cli/grade_entry.py) like a `command:` one,
 with the graders' environment (agl's credentials removed), and agl's process is made non-dumpable (Linux
-PR_SET_DUMPABLE), so a grader under the same uid cannot read its /proc/PID/environ or memory either. Not covered
-yet: the ServiceAccount token file a trainer pod mounts (same uid), and in a RayJob's head the environment of Ray's
-own processes (PID 1 there is Ray, not agl): those need the grader in a container of its own.
+PR_SET_DUMPABLE), so a grader under the same uid cannot read its /proc/PID/environ or memory either (the admin token
+is also kept out of the processes agl starts: agl_cli/services.py). Not covered yet, since the grader keeps agl's
+uid: the ServiceAccount token file the trainer pod mounts, the policy servers' key (in vLLM's processes), and in a
+RayJob's head the environment of Ray's processes (PID 1 there is Ray): those need the grader in a container of its
+own.
 """
 
 from __future__ import annotations
