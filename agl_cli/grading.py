@@ -2,6 +2,15 @@
 
 A grader that crashes, hangs or prints something that is not a score leaves the rollout without a reward and
 with the reason: a missing reward is never counted as 0.
+
+In a cluster (a pod: $KUBERNETES_SERVICE_HOST is set) agl's process holds the controller's credentials, so no
+grader runs inside it: an `entry:` grader runs in a child process (agl_cli/grade_entry.py) like a `command:` one,
+with the graders' environment (agl's credentials removed), and agl's process is made non-dumpable (Linux
+PR_SET_DUMPABLE), so a grader under the same uid cannot read its /proc/PID/environ or memory either (the admin token
+is also kept out of the processes agl starts: agl_cli/services.py). Not covered yet, since the grader keeps agl's
+uid: the ServiceAccount token file the trainer pod mounts, the policy servers' key (in vLLM's processes), and in a
+RayJob's head the environment of Ray's processes (PID 1 there is Ray): those need the grader in a container of its
+own.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -119,12 +129,37 @@ def load_entry(spec: ExperimentSpec, entry: str) -> Callable[..., Any]:
     return function
 
 
+PR_SET_DUMPABLE = 4  # linux/prctl.h
+
+
+def in_cluster(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """A pod: Kubernetes sets this in every container."""
+    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def protect_process() -> bool:
+    """Make this process non-dumpable: its /proc/PID/environ, mem and maps become root's, and ptrace is refused, to
+    every process of the same uid (children are dumpable again once they exec). False where Linux says no."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class Grader:
-    def __init__(self, spec: ExperimentSpec, store: RunStore, env: dict[str, str]) -> None:
+    def __init__(self, spec: ExperimentSpec, store: RunStore, env: dict[str, str], *,
+                 isolate: bool | None = None) -> None:
         self.spec = spec
         self.store = store
         self.env = env
         self.controller = LocalController(tail_bytes=256 * 1024)
+        # Graders out of reach of agl's credentials: by default where those are worth taking, in a cluster.
+        self.isolate = in_cluster() if isolate is None else isolate
+        if self.isolate:
+            protect_process()
 
     async def grade(self, rollout_id: str, task: dict[str, Any], task_file: Path, output_file: Path) -> Grade:
         grader = self.spec.grader
@@ -141,6 +176,9 @@ class Grader:
                 None, RewardSource.none, failure=FailureKind.no_output,
                 error=f"the agent exited without writing its output file ({output_file.name})",
             )
+        if grader.entry and self.isolate:
+            run = shlex.join([sys.executable, "-m", "agl_cli.grade_entry", grader.entry])
+            return await self._grade_command(run + " {task_file} {output_file}", rollout_id, task_file, output_file)
         if grader.entry:
             return await self._grade_entry(grader.entry, task, output_file)
         assert grader.command is not None

@@ -109,13 +109,16 @@ def running_services(
 @contextlib.contextmanager
 def remote_services(*, log: Any = None, spend_limit: SpendLimit | None = None) -> Iterator[RunServices]:
     """The services of a run whose gateway runs elsewhere ($AGL_GATEWAY_URL): checked before the first rollout."""
-    from rl_backend.gateway.remote import RemoteGatewayError, from_environment
+    from rl_backend.gateway.remote import TOKEN_ENV, RemoteGatewayError, from_environment
 
     try:
         gateway = from_environment(dict(os.environ))
     except RemoteGatewayError as exc:
         raise ConfigError(str(exc), hint=exc.hint) from None
     assert gateway is not None
+    # In a pod the client above holds the admin token; the processes this one starts next (Ray's, verl's, graders)
+    # must not inherit it: they stay dumpable, and a grader of the same uid could read it from their /proc environ.
+    held = os.environ.pop(TOKEN_ENV, None) if os.environ.get("KUBERNETES_SERVICE_HOST") else None
     if log:
         log(f"using the gateway at ${GATEWAY_URL_ENV} = {gateway.base_url} (no gateway or model server starts in "
             "this process; that gateway serves the upstreams, and each rollout's calls are copied from it)")
@@ -128,3 +131,5 @@ def remote_services(*, log: Any = None, spend_limit: SpendLimit | None = None) -
         raise AglError(exc.message, hint=exc.hint) from None
     finally:
         gateway.close()
+        if held is not None:
+            os.environ[TOKEN_ENV] = held

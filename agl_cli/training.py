@@ -119,7 +119,11 @@ def loop_config(spec: ExperimentSpec, options: TrainOptions, *, iterations: int,
 
 
 def run_plan(runner: EvalRunner, plan: list[PlannedRollout]) -> None:
-    """Every rollout of `plan` through the eval runner, to the end."""
+    """Every rollout of `plan` through the eval runner, to the end. Each plan closes its controller (the Kubernetes
+    one deletes the plan's Jobs and ends its watch, which belongs to this plan's event loop), so a runner whose
+    controller a previous plan closed gets a new one."""
+    if getattr(runner.controller, "closed", False):
+        runner.controller = make_controller(runner.spec, runner.run_dir.run_id)
     asyncio.run(run_then_close(runner.controller, lambda: runner.run(plan)))
 
 

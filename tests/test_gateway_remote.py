@@ -197,3 +197,25 @@ def test_eval_uses_the_gateway_at_agl_gateway_url(fast_fake: Proc, tmp_path: Pat
         assert {c.call_id for c in remote.calls()} == {c.call_id for c in calls}
     finally:
         remote.close()
+
+
+def test_in_a_pod_the_processes_a_run_starts_do_not_inherit_the_admin_token(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer's pod gets the admin token in its environment; the processes the run starts after connecting
+    (Ray's, verl's, graders: all of agl's uid, all readable at /proc/PID/environ) must not carry it."""
+    import os
+    import subprocess
+    import sys
+
+    from agl_cli.services import remote_services
+
+    monkeypatch.setenv("AGL_GATEWAY_URL", h.base_url)
+    monkeypatch.setenv("AGL_GATEWAY_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    with remote_services() as services:
+        assert services.gateway is not None and services.gateway.state()["paused"] is False  # the client works
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('AGL_GATEWAY_ADMIN_TOKEN'))"],
+                               capture_output=True, text=True, timeout=30)
+        assert child.stdout.strip() == "None"
+    assert os.environ["AGL_GATEWAY_ADMIN_TOKEN"] == ADMIN  # given back when the run ends

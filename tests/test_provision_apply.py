@@ -45,7 +45,8 @@ EXPECTED = [
     ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("Secret", "agl-calc-policy-key"),
     ("NetworkPolicy", "agl-calc-gateway-ingress"), ("NetworkPolicy", "agl-calc-policy-ingress"),
     ("PersistentVolumeClaim", "agl-calc-gateway-store"), ("PersistentVolumeClaim", "agl-calc-checkpoints"),
-    ("Service", "agl-calc-gateway"), ("Deployment", "agl-calc-gateway"), ("Job", "agl-calc-trainer"),
+    ("Service", "agl-calc-gateway"), ("PodDisruptionBudget", "agl-calc-gateway"),
+    ("PodDisruptionBudget", "agl-calc-trainer"), ("Deployment", "agl-calc-gateway"), ("Job", "agl-calc-trainer"),
 ]
 
 

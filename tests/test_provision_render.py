@@ -71,7 +71,8 @@ def test_dry_run_prints_every_manifest_and_each_validates(tmp_path: Path, monkey
     rayjob = extra != []
     assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "Secret", "NetworkPolicy",
                      "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "PersistentVolumeClaim",
-                     "PersistentVolumeClaim", "Service", "Deployment", "RayJob" if rayjob else "Job"]
+                     "PersistentVolumeClaim", "Service", "PodDisruptionBudget", "PodDisruptionBudget", "Deployment",
+                     "RayJob" if rayjob else "Job"]
     for doc in docs:
         if doc["kind"] == "RayJob":
             validate_rayjob(doc, "1.30")  # against KubeRay's CRD schema; its pod templates as PodTemplateSpec
@@ -86,7 +87,7 @@ def test_dry_run_json_holds_the_manifests(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), [str(write_project(tmp_path)), "--on=kubernetes", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 13
+    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 15
     assert document["trainer"]["kind"] == "Job"
 
 
@@ -265,3 +266,36 @@ def test_network_policy_in_agl_yaml_becomes_the_trains_rollout_egress_policy(tmp
     assert "network_policy" not in copied["kubernetes"]
     # The laptop's gateway_url means nothing in the cluster: rollouts call the deployed gateway.
     assert copied["kubernetes"]["gateway_url"] == "http://agl-calc-gateway.default.svc:8090"
+
+
+def test_disruption_budgets_keep_drains_off_the_trainer_and_gateway_pods(tmp_path: Path) -> None:
+    """A node drain (an upgrade, the autoscaler's scale-down) evicts nothing of a running train: each budget
+    selects exactly the pods of its part, whatever the topology, and no pod of another train."""
+    from rl_backend.rollout.k8s_watch import labels_match
+
+    target = load_target(write_project(tmp_path))
+    for result in (dry_run(target, options(gpus=8)), dry_run(target, options(gpus=16))):
+        kinds = _by_kind(result.manifests)
+        budgets = {b["metadata"]["name"]: b["spec"] for b in kinds["PodDisruptionBudget"]}
+        assert set(budgets) == {NAMES.gateway, NAMES.trainer}
+        assert all(b["maxUnavailable"] == 0 for b in budgets.values())
+        pods = [kinds["Deployment"][0]["spec"]["template"]]
+        if "Job" in kinds:
+            pods.append(kinds["Job"][0]["spec"]["template"])
+        else:
+            cluster = kinds["RayJob"][0]["spec"]["rayClusterSpec"]
+            pods += [cluster["headGroupSpec"]["template"], *[w["template"] for w in cluster["workerGroupSpecs"]]]
+
+        def covered(budget: dict[str, Any], pod: dict[str, Any]) -> bool:
+            labels = pod["metadata"]["labels"]
+            selector = budget["selector"]
+            return labels_match({"metadata": {"labels": labels}}, selector["matchLabels"]) and all(
+                labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []))
+
+        gateway_pod, *trainer_pods = pods
+        assert covered(budgets[NAMES.gateway], gateway_pod)
+        assert not any(covered(budgets[NAMES.gateway], p) for p in trainer_pods)
+        assert trainer_pods and all(covered(budgets[NAMES.trainer], p) for p in trainer_pods)
+        assert not covered(budgets[NAMES.trainer], gateway_pod)
+        other = {"metadata": {"labels": {**trainer_pods[0]["metadata"]["labels"], "agl.dev/train": "other"}}}
+        assert not covered(budgets[NAMES.trainer], other)

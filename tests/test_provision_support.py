@@ -45,7 +45,7 @@ RESOURCES = {
     "rbac.authorization.k8s.io/v1/rolebindings": True, "v1/secrets": True, "v1/configmaps": True,
     "v1/persistentvolumeclaims": True, "v1/services": True, "apps/v1/deployments": True, "batch/v1/jobs": True,
     "v1/pods": True, "v1/events": True, "discovery.k8s.io/v1/endpointslices": True,
-    "networking.k8s.io/v1/networkpolicies": True,
+    "networking.k8s.io/v1/networkpolicies": True, "policy/v1/poddisruptionbudgets": True,
 }
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 PATHS = {
@@ -59,6 +59,7 @@ PATHS = {
     "EndpointSlice": "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
     "RayJob": "/apis/ray.io/v1/namespaces/{ns}/rayjobs",
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
 }
 
 AGL_YAML: dict[str, Any] = {

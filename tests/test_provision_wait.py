@@ -222,7 +222,7 @@ def test_status_of_a_running_train(tmp_path: Path) -> None:
     assert [c["state"] for c in status["checks"]] == ["ready", "ready", "ready"]
     assert status["trainer"] == {"kind": "Job", "name": NAMES.trainer, "nodes": 1, "gpus_per_node": 1}
     assert status["last_metrics"] == {"step": 7, "reward": 0.75}
-    assert len(status["objects"]) == 13
+    assert len(status["objects"]) == 15
 
 
 def _resources(api: Any) -> Any:
@@ -243,3 +243,54 @@ def test_no_permission_to_read_pods_fails_at_once_and_rolls_back(tmp_path: Path)
     assert "waiting for the train to come up: the Kubernetes API answered 403" in error.message
     assert 'cannot list resource "pods"' in error.message and error.hint and "permissions" in error.hint
     assert "rolled back" in error.message and _ours(remaining) == set()
+
+
+def test_step_rows_written_after_the_kubelet_rotated_the_log_are_printed(tmp_path: Path) -> None:
+    """The kubelet rotates a container's log at 10 MiB and then serves only the new file: far fewer lines than agl
+    had read before. Rows after the rotation are printed (once each), none read before is printed again, and
+    rows rotated away before agl read them are said to be missing (stderr), with where they are."""
+    import datetime
+
+    target = load_target(write_project(tmp_path))
+    err, out, err_text, out_text = consoles()
+    second = datetime.timedelta(seconds=1)
+
+    async def until_rows(count: int) -> None:
+        for _ in range(200):
+            if len(out_text.getvalue().splitlines()) >= count:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"expected {count} rows, got {out_text.getvalue()!r}")
+
+    async def scenario() -> Any:
+        async with cluster() as (server, api, logs):
+            task = run_provision(api, target, options(follow=True, json_output=True), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await gateway_up(server)
+            pod = await trainer_pod(server)
+            start = logs.EPOCH
+            logs.stamps[pod] = [start, start + second, start + 2 * second, start + 3 * second]
+            logs.logs[pod] = bytearray(b'starting verl\n{"step": 1, "reward": 0.25}\nverl says a lot\n'
+                                       b'{"step": 2, "reward": 0.5}\n')
+            await until_rows(2)
+            # Rotated: the old file (and every line agl read) is gone; the new one has fewer lines than agl read.
+            logs.stamps[pod] = [start + 10 * second]
+            logs.logs[pod] = bytearray(b'{"step": 3, "reward": 0.75}\n')
+            await until_rows(3)
+            logs.stamps[pod].append(start + 11 * second)
+            logs.logs[pod] += b'{"step": 4, "reward": 1.0}\n'
+            await until_rows(4)
+            await asyncio.sleep(0.5)  # more reconnects: nothing is printed twice
+            # Rotated again before agl read step 5 (a dropped connection): the gap is said, not hidden.
+            logs.stamps[pod] = [start + 20 * second]
+            logs.logs[pod] = bytearray(b'{"step": 6, "reward": 1.0}\n')
+            await until_rows(5)
+            await patch_status(server, "Job", NAMES.trainer, {
+                "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+            return await asyncio.wait_for(task, 30)
+
+    result = asyncio.run(scenario())
+    assert result.outcome == "succeeded"
+    assert [json.loads(line)["step"] for line in out_text.getvalue().splitlines()] == [1, 2, 3, 4, 6]
+    assert err_text.getvalue().count("rotated out of the trainer's log") == 1
+    assert "step(s) 5 were rotated out" in err_text.getvalue() and "checkpoint volume" in err_text.getvalue()

@@ -219,7 +219,7 @@ def serve_command(
                         console.print(f"admin token (generated; set {ADMIN_TOKEN_ENV} to choose one): {admin_token}")
 
             summary = _serve(started.resolved, store_path, default_model, admin_token, hosts, port, announce, prices,
-                             request_timeout)
+                             request_timeout, durable=in_cluster)
     except resolver.UpstreamSetupError as exc:
         raise ConfigError(str(exc), hint=exc.hint) from None
     console.print(f"gateway stopped: {summary['calls_recorded']} calls recorded in {store_path}")
@@ -227,9 +227,10 @@ def serve_command(
 
 def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_model: str | None, admin_token: str,
            hosts: list[str], port: int, announce: Any, prices: dict[str, PriceSpec],
-           request_timeout: float) -> dict[str, Any]:
+           request_timeout: float, *, durable: bool = False) -> dict[str, Any]:
     """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM, listening on every
-    address of `hosts`, on one port."""
+    address of `hosts`, on one port. `durable`: the admin state (rollouts, the policy's servers, the pause) is kept
+    next to the store and restored from there, so a restarted cluster gateway carries on (rl_backend.gateway.durable)."""
     import logging
     import signal
 
@@ -240,10 +241,14 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
     from rl_backend.store.db import RunStore
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from rl_backend.gateway.durable import AdminState, state_path
+
     store = RunStore(store_path)
+    admin_state = AdminState(state_path(store_path)) if durable else None
     try:
         try:
-            gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token, prices=prices)
+            gateway = Gateway(upstreams, store, default_model=default_model, admin_token=admin_token, prices=prices,
+                              durable=admin_state)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         from rl_backend.gateway.coalescing_http import CoalescingHttpToolsProtocol
@@ -280,6 +285,8 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
                 signal.signal(sig, handler)
         return gateway.state_dict()
     finally:
+        if admin_state is not None:
+            admin_state.close()
         store.close()
 
 

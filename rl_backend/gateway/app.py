@@ -7,6 +7,7 @@ direct ASGI path (no router, no middleware: they are the hot path); everything e
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import secrets
 import time
@@ -27,6 +28,7 @@ from rl_backend.gateway.adapters import build_exchange
 from rl_backend.gateway.admin import AdminAPI
 from rl_backend.gateway.budget import SpendLimit
 from rl_backend.gateway.config import ResolvedUpstream
+from rl_backend.gateway.durable import AdminState
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.http_guard import REQUEST_TIMEOUT_S, guarded
@@ -85,6 +87,7 @@ class Gateway:
         pause_retry_after_s: float = 2.0,
         spend_limit: SpendLimit | None = None,
         keep_response_bytes: int = KEEP_BYTES,  # of an answer, what a record keeps; the agent still gets all of it
+        durable: AdminState | None = None,  # where admin state outlives this process (a cluster's gateway)
     ) -> None:
         self.router = Router(upstreams, default_model)
         self.store = store
@@ -109,6 +112,23 @@ class Gateway:
         self._secrets = tuple(u.api_key for u in upstreams.values() if u.api_key)
         self._starlette: Starlette | None = None
         self.base_url: str | None = None  # set by start_gateway
+        self.durable = durable
+        if durable is not None:
+            self._restore(durable)
+
+    def _restore(self, durable: AdminState) -> None:
+        """What this gateway's previous process was told: the rollouts it admitted (their agents keep their tokens),
+        the policy's servers, the pause and the model version. An upstream no longer in the config is skipped."""
+        for rollout_id, (token, knobs) in durable.rollouts().items():
+            self._rollouts[rollout_id] = RolloutEntry(token, knobs)
+        for upstream, (base_urls, model) in durable.endpoints().items():
+            with contextlib.suppress(ValueError):
+                self.router.set_endpoints(upstream, base_urls, model)
+        settings = durable.settings()
+        self.pause_hold_s = float(settings.get("pause_hold_s", 0.0))
+        self.state.paused = bool(settings.get("paused", False))
+        if settings.get("model_version") is not None:
+            self.state.model_version = settings["model_version"]
 
     # -- rollouts -------------------------------------------------------------------------------------------------
 
@@ -119,11 +139,15 @@ class Gateway:
         if "model" in checked:
             self.router.resolve(None, checked["model"], rollout_id)  # fail now, not at the agent's first call
         token = "agl-" + secrets.token_urlsafe(24)
+        if self.durable is not None:  # stored before the token is handed out: an agent never holds a lost one
+            self.durable.put_rollout(rollout_id, token, checked)
         self._rollouts[rollout_id] = RolloutEntry(token, checked)
         return token
 
     def unregister_rollout(self, rollout_id: str) -> None:
         self._rollouts.pop(rollout_id, None)
+        if self.durable is not None:
+            self.durable.drop_rollout(rollout_id)
 
     def rollout_entry(self, rollout_id: str) -> RolloutEntry | None:
         return self._rollouts.get(rollout_id)
@@ -157,20 +181,31 @@ class Gateway:
         never sees a pause as short as a training step."""
         self.pause_hold_s = hold_s
         self.state.paused = True
+        self._keep_settings()
 
     def resume(self, model_version: str | None = None) -> None:
         if model_version is not None:
             self.state.model_version = model_version
         self.state.paused = False
+        self._keep_settings()
 
     def set_model_version(self, model_version: str) -> None:
         """Later records carry `model_version` (for upstreams whose responses name none, such as vLLM)."""
         self.state.model_version = model_version
+        self._keep_settings()
+
+    def _keep_settings(self) -> None:
+        if self.durable is not None:
+            for key, value in (("paused", self.state.paused), ("pause_hold_s", self.pause_hold_s),
+                               ("model_version", self.state.model_version)):
+                self.durable.put_setting(key, value)
 
     def set_endpoints(self, upstream: str, base_urls: list[str], model: str | None = None) -> None:
         """Where the servers of a `registered_later` upstream (the policy a trainer trains) now are: the next call
         goes there. Raises ValueError for another upstream or no URL."""
         self.router.set_endpoints(upstream, base_urls, model)
+        if self.durable is not None:
+            self.durable.put_endpoints(upstream, list(base_urls), model)
 
     @property
     def spend_limit(self) -> SpendLimit | None:

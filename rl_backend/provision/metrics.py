@@ -3,13 +3,17 @@
 The trainer prints them (one per step) among its other output; agl follows the log of the pod that carries the
 driver (the Job's pod, or a RayJob's submitter, which relays the driver's output) and prints each row as it comes:
 as a table row, or as one JSON object per line with `--json`. The log stream ends when the container does or the
-connection drops; agl reconnects until the trainer is over, skipping the lines it has already read.
+connection drops; agl reconnects until the trainer is over and goes on after the last line it read, found by the
+time the runtime stamped on it, never by counting lines: the kubelet rotates a container's log at 10 MiB and then
+serves only the newest file, so a count taken before a rotation would skip every row written after it.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +41,21 @@ def metric_row(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) and "step" in value else None
+
+
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
+def log_time(stamped: str) -> tuple[tuple[int, int] | None, str]:
+    """((seconds since the epoch, nanoseconds), the line) from a line read with `timestamps=true`, or (None, the
+    line as it came). RFC 3339 with nanoseconds drops the fraction's trailing zeros, so its text does not sort."""
+    head, _, line = stamped.partition(" ")
+    match = _STAMP.fullmatch(head)
+    if match is None:
+        return None, stamped
+    seconds, fraction, zone = match.groups()
+    when = datetime.datetime.fromisoformat(seconds + ("+00:00" if zone == "Z" else zone))
+    return (int(when.timestamp()), int((fraction or "0").ljust(9, "0"))), line
 
 
 def last_metrics(log_text: str) -> dict[str, Any] | None:
@@ -90,13 +109,16 @@ def log_source(res: Resources, names: Names, topology: Topology) -> tuple[str, s
 
 
 def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPrinter, *, poll_s: float = 2.0,
-           sleep: Callable[[float], None] = time.sleep) -> tuple[str, str]:
-    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail)."""
+           sleep: Callable[[float], None] = time.sleep, note: Callable[[str], None] = lambda _: None,
+           ) -> tuple[str, str]:
+    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail). Steps missing between two
+    rows of one container (rotated out of the log while agl was not connected) are said through `note`."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     kind = "Job" if topology.kind == "job" else "RayJob"
-    consumed: dict[tuple[str, int], int] = {}  # lines already read, per container instance
+    read_up_to: dict[tuple[str, int], tuple[int, int]] = {}  # the last line's time, per container instance
+    last_step: dict[tuple[str, int], int] = {}
     while True:
         try:
             trainer = res.read(kind, names.trainer)
@@ -105,11 +127,22 @@ def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPri
             source = log_source(res, names, topology)
             if source is not None:
                 pod, container, restarts = source
-                seen = consumed.get((pod, restarts), 0)
-                for count, line in enumerate(res.follow_log(pod, container), start=1):
-                    if count > seen and (row := metric_row(line)) is not None:
-                        printer.row(row)
-                    consumed[(pod, restarts)] = max(seen, count)
+                for stamped in res.follow_log(pod, container, timestamps=True):
+                    stamp, line = log_time(stamped)
+                    if stamp is None or stamp <= read_up_to.get((pod, restarts), (0, -1)):
+                        continue
+                    read_up_to[(pod, restarts)] = stamp
+                    if (row := metric_row(line)) is None:
+                        continue
+                    step, before = row.get("step"), last_step.get((pod, restarts))
+                    if isinstance(step, int) and isinstance(before, int) and step > before + 1:
+                        missed = f"{before + 1}" if step == before + 2 else f"{before + 1}-{step - 1}"
+                        note(f"the rows of step(s) {missed} were rotated out of the trainer's log before agl read "
+                             "them; every step is in the run's store on the checkpoint volume (and its "
+                             "train_metrics.jsonl once the train ends)")
+                    if isinstance(step, int):
+                        last_step[(pod, restarts)] = step
+                    printer.row(row)
             finished = trainer_finished(res.read(kind, names.trainer) or {"kind": kind})
             if finished is not None:
                 return finished

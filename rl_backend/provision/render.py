@@ -95,6 +95,11 @@ def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_versi
                 access_mode=topology.checkpoint_access, size=options.checkpoint_size,
                 storage_class=options.storage_class),
         _render("service.yaml.j2", context, labels=labels("gateway"), selector=names.component("gateway")),
+        # Before the pods they protect: a drain never finds one of them unguarded.
+        _render("pdb.yaml.j2", context, name=names.gateway, labels=labels("gateway"),
+                match_labels=names.component("gateway"), components=[]),
+        _render("pdb.yaml.j2", context, name=names.trainer, labels=labels("trainer"), match_labels=names.selector(),
+                components=["trainer", "trainer-worker", "trainer-driver"]),
         _render("gateway-deployment.yaml.j2", context, labels=labels("gateway"), pod_selector=names.component("gateway")),
     ]
     trainer_template = "trainer-job.yaml.j2" if topology.kind == "job" else "trainer-rayjob.yaml.j2"

@@ -41,6 +41,7 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("PersistentVolumeClaim", "CoreV1Api", "persistent_volume_claim"),
     Kind("Service", "CoreV1Api", "service"),
     Kind("NetworkPolicy", "NetworkingV1Api", "network_policy"),
+    Kind("PodDisruptionBudget", "PolicyV1Api", "pod_disruption_budget"),
     Kind("Deployment", "AppsV1Api", "deployment"),
     Kind("Job", "BatchV1Api", "job"),
     Kind("RayJob", "CustomObjectsApi", group="ray.io", version="v1", plural="rayjobs"),
@@ -50,7 +51,7 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
 )}
 # The order a provision applies in; `stop` deletes in reverse (the trainer first, the owner last).
 APPLY_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy",
-               "PersistentVolumeClaim", "Service", "Deployment", "Job", "RayJob"]
+               "PersistentVolumeClaim", "Service", "PodDisruptionBudget", "Deployment", "Job", "RayJob"]
 
 
 def load_api_client(cluster: ClusterOptions) -> Any:
@@ -245,11 +246,15 @@ class Resources:
             raise
         return bytes(response.data or b"").decode("utf-8", "replace")
 
-    def follow_log(self, pod: str, container: str | None, since_seconds: int | None = None) -> Iterator[str]:
-        """The container's log line by line as it grows, until the container ends or the connection drops."""
+    def follow_log(self, pod: str, container: str | None, since_seconds: int | None = None,
+                   timestamps: bool = False) -> Iterator[str]:
+        """The container's log line by line as it grows, until the container ends or the connection drops. With
+        `timestamps`, each line starts with the time the runtime logged it (RFC 3339, nanoseconds) and a space."""
         kwargs: dict[str, Any] = {"container": container, "follow": True}
         if since_seconds is not None:
             kwargs["since_seconds"] = since_seconds
+        if timestamps:
+            kwargs["timestamps"] = True
         response = self._apis["CoreV1Api"].read_namespaced_pod_log(
             pod, self.namespace, _preload_content=False, _request_timeout=(10, 600), **kwargs)
         pending = b""

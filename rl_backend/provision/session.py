@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from rl_backend.provision.apply import Applier, Step, delete_train
+from rl_backend.provision.apply import Applier, Step
 from rl_backend.provision.bundle import RolloutSource, rollout_source
 from rl_backend.provision.metrics import MetricsPrinter, follow
 from rl_backend.provision.options import (
@@ -31,6 +31,7 @@ from rl_backend.provision.options import (
 from rl_backend.provision.plan import RAYJOB_CRD, Topology, choose_topology, default_images, template_context
 from rl_backend.provision.render import Rendered, kind_name, render_all
 from rl_backend.provision.resources import Resources, api_errors, load_api_client
+from rl_backend.provision.stop import stop_train
 from rl_backend.provision.target import TrainTarget, carried_files, key_refs, local_key_values, loopback_upstreams
 from rl_backend.provision.wait import Waiter
 
@@ -233,7 +234,7 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
         return result
     printer = MetricsPrinter(out, json_output=options.json_output)
     try:
-        outcome, detail = follow(res, names, topology, printer, poll_s=options.poll_s, sleep=sleep)
+        outcome, detail = follow(res, names, topology, printer, poll_s=options.poll_s, sleep=sleep, note=log)
     except KeyboardInterrupt:
         result.outcome, result.last_metrics = "interrupted", printer.last
         return result
@@ -262,7 +263,7 @@ def stop(train: str, cluster: ClusterOptions, *, keep_volumes: bool = False, api
     res = Resources(api_client if api_client is not None else load_api_client(cluster), namespace_of(None, cluster))
     try:
         with api_errors(f"deleting train {names.train} in namespace {res.namespace}"):
-            return delete_train(res, names, keep_volumes=keep_volumes, log=log)
+            return stop_train(res, names, keep_volumes=keep_volumes, log=log)
     finally:
         if api_client is None:
             res.close()

@@ -137,6 +137,11 @@ class KubernetesController:
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """After `close()`: a closed controller runs nothing more (its watch belonged to an event loop now gone)."""
+        return self._closed
+
     async def __aenter__(self) -> KubernetesController:
         return self
 

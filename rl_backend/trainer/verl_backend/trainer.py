@@ -22,6 +22,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -134,19 +136,28 @@ KL_WARNING = 0.01
 
 def _init_ray(init: Callable[[], Any], say: Callable[[str], None], attempts: int = 3) -> None:
     """`init()` (ray.init), again when a local Ray's node misses the 30 s Ray gives it to register (a fixed limit
-    in Ray, which a loaded machine's start-up can exceed)."""
+    in Ray, which a loaded machine's start-up can exceed).
+
+    SIGTERM keeps the handler it had: Ray's driver init installs its own (`sys.exit`, and a C++ failure handler
+    that aborts the process), so the SIGTERM a pod gets when its train is stopped would kill the trainer before the
+    rollout controller's `close()` deletes its Jobs. agl's own (agl_cli.interrupts: SIGTERM as Ctrl-C) must stay."""
     import ray
 
-    for attempt in range(1, attempts + 1):
-        try:
-            init()
-            return
-        except Exception as exc:
-            if attempt == attempts or "timed out during startup" not in str(exc):
-                raise
-            say(f"Ray's node did not register within Ray's 30 s start-up limit (a loaded machine?): starting it "
-                f"again ({attempt + 1} of {attempts})")
-            ray.shutdown()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                init()
+                return
+            except Exception as exc:
+                if attempt == attempts or "timed out during startup" not in str(exc):
+                    raise
+                say(f"Ray's node did not register within Ray's 30 s start-up limit (a loaded machine?): starting it "
+                    f"again ({attempt + 1} of {attempts})")
+                ray.shutdown()
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 class VerlTrainer:
