@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from rl_backend.provision.options import POLICY_PORTS
 from rl_backend.provision.session import dry_run
 from rl_backend.rollout.k8s_manifest import render_job, rollout_labels
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from tests.helpers.k8s_rollouts import make_job
-from tests.helpers.netpol import Pod, allowed
+from tests.helpers.netpol import INTERNET, METADATA_SERVER, Pod, allowed, policy_types
 from tests.test_provision_support import NAMES, fast_schemas, load_target, options, write_project  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,23 +48,40 @@ def rollout_job(manifests: list[dict[str, Any]], root: Path, env: dict[str, str]
 
 def _pods(manifests: list[dict[str, Any]], root: Path) -> dict[str, Pod]:
     """A pod for each role, labelled as its controller labels it (Deployment, Job, KubeRay), plus strangers."""
+    gateway_labels = _of(manifests, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
     pods = {
-        "gateway": Pod("gateway", _of(manifests, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]),
-        "rollout": Pod("rollout", rollout_job(manifests, root)["spec"]["template"]["metadata"]["labels"]),
-        "other": Pod("other", {"app": "something-else"}),
-        "same-labels-elsewhere": Pod("elsewhere", {"app.kubernetes.io/component": "rollout"}, namespace="team-b"),
-        "operator": Pod("operator", {"app.kubernetes.io/name": "kuberay-operator"}, namespace="ray-system"),
+        "gateway": Pod("gateway", gateway_labels, ip="10.244.0.2"),
+        "rollout": Pod("rollout", rollout_job(manifests, root)["spec"]["template"]["metadata"]["labels"],
+                       ip="10.244.0.3"),
+        "other": Pod("other", {"app": "something-else"}, ip="10.244.0.4"),
+        "same-labels-elsewhere": Pod("elsewhere", {"app.kubernetes.io/component": "rollout"}, namespace="team-b",
+                                    ip="10.244.1.4"),
+        "operator": Pod("operator", {"app.kubernetes.io/name": "kuberay-operator"}, namespace=OPERATOR_NS,
+                        ip="10.244.2.5"),
+        # Anyone may label a pod of their own namespace like the operator, or like this train's gateway.
+        "spoofed-operator": Pod("spoof", {"app.kubernetes.io/name": "kuberay-operator"}, namespace="team-b",
+                                ip="10.244.1.6"),
+        "spoofed-gateway": Pod("spoof-gw", gateway_labels, namespace="team-b", ip="10.244.1.7"),
+        "dns": Pod("coredns", {"k8s-app": "kube-dns"}, namespace="kube-system", ip="10.244.3.2"),
+        "spoofed-dns": Pod("fake-dns", {"k8s-app": "kube-dns"}, namespace="team-b", ip="10.244.1.8"),
     }
     for job in _of(manifests, "Job"):
-        pods["trainer"] = Pod("trainer", job["spec"]["template"]["metadata"]["labels"])
+        pods["trainer"] = Pod("trainer", job["spec"]["template"]["metadata"]["labels"], ip="10.244.0.10")
     for rayjob in _of(manifests, "RayJob"):
         cluster = rayjob["spec"]["rayClusterSpec"]
         pods["head"] = Pod("head", {**cluster["headGroupSpec"]["template"]["metadata"]["labels"],
-                                    "ray.io/node-type": "head"})
+                                    "ray.io/node-type": "head"}, ip="10.244.0.11")
         pods["worker"] = Pod("worker", {**cluster["workerGroupSpecs"][0]["template"]["metadata"]["labels"],
-                                        "ray.io/node-type": "worker"})
-        pods["submitter"] = Pod("submitter", rayjob["spec"]["submitterPodTemplate"]["metadata"]["labels"])
+                                        "ray.io/node-type": "worker"}, ip="10.244.0.12")
+        pods["submitter"] = Pod("submitter", rayjob["spec"]["submitterPodTemplate"]["metadata"]["labels"],
+                                ip="10.244.0.13")
     return pods
+
+
+OPERATOR_NS = "ray-system"
+# Ray's own listeners on a policy host: GCS, raylet (node manager), object manager, dashboard agent (HTTP, gRPC),
+# metrics export, runtime-env agent, Ray client, a core worker's gRPC port.
+RAY_PORTS = (6379, 6380, 6381, 52365, 52366, 8080, 52367, 10001, 10002, 19999)
 
 
 def test_only_the_gateway_reaches_the_policy_and_only_rollouts_and_the_trainer_reach_the_gateway(
@@ -77,15 +95,21 @@ def test_only_the_gateway_reaches_the_policy_and_only_rollouts_and_the_trainer_r
     for stranger in ("other", "same-labels-elsewhere", "operator"):
         assert not allowed(policies, pods[stranger], gateway, 8090), stranger
     assert not allowed(policies, pods["rollout"], gateway, 9999)
-    # The policy servers listen on ports verl picks: the gateway reaches any of them, nobody else any.
-    for port in (8000, 41234, 60001):
+    # The policy servers listen on ports the OS picks from the pod's ephemeral range, which the pod pins: the
+    # gateway reaches that range, nobody else any port, and a pod labelled like the gateway elsewhere nothing.
+    low, high = POLICY_PORTS
+    for port in (low, (low + high) // 2, high):
         assert allowed(policies, gateway, trainer, port)
-        for other in ("rollout", "other", "same-labels-elsewhere"):
+        for other in ("rollout", "other", "same-labels-elsewhere", "spoofed-gateway"):
             assert not allowed(policies, pods[other], trainer, port), (other, port)
+    # ...and not the trainer's other listeners (its Ray, a debugger, a metrics port).
+    for port in (*RAY_PORTS, 8000, 8265, low - 1, high + 1):
+        assert not allowed(policies, gateway, trainer, port), port
 
 
 def test_nothing_outside_the_ray_cluster_reaches_it(tmp_path: Path) -> None:
-    manifests = dry_run(load_target(write_project(tmp_path)), options(gpus=16, nodes=2)).manifests
+    manifests = dry_run(load_target(write_project(tmp_path)), options(gpus=16, nodes=2,
+                                                                             kuberay_namespace=OPERATOR_NS)).manifests
     policies = _of(manifests, "NetworkPolicy")
     pods = _pods(manifests, tmp_path)
     head, worker = pods["head"], pods["worker"]
@@ -95,13 +119,18 @@ def test_nothing_outside_the_ray_cluster_reaches_it(tmp_path: Path) -> None:
     # Job submission and status: the submitter and the KubeRay operator, on the dashboard's port only.
     assert allowed(policies, pods["submitter"], head, 8265) and allowed(policies, pods["operator"], head, 8265)
     assert not allowed(policies, pods["operator"], head, 6379) and not allowed(policies, pods["submitter"], head, 10001)
-    for stranger in ("rollout", "gateway", "other", "same-labels-elsewhere"):
+    for stranger in ("rollout", "gateway", "other", "same-labels-elsewhere", "spoofed-operator"):
         for port in (8265, 6379, 10001):
             assert not allowed(policies, pods[stranger], head, port), (stranger, port)
     # The policy servers live on the GPU workers: the gateway reaches them there, and not the head.
-    assert allowed(policies, pods["gateway"], worker, 41234)
-    assert not allowed(policies, pods["gateway"], head, 41234)
-    assert not allowed(policies, pods["rollout"], worker, 41234)
+    low, _ = POLICY_PORTS
+    assert allowed(policies, pods["gateway"], worker, low)
+    assert not allowed(policies, pods["gateway"], head, low)
+    assert not allowed(policies, pods["rollout"], worker, low)
+    # Ray's GCS, raylets, dashboard agent and workers: never from the gateway (Ray has no authentication).
+    for port in RAY_PORTS:
+        assert not allowed(policies, pods["gateway"], worker, port), port
+        assert not allowed(policies, pods["gateway"], head, port), port
     assert allowed(policies, head, pods["gateway"], 8090) and allowed(policies, worker, pods["gateway"], 8090)
 
 
@@ -173,3 +202,20 @@ def test_rollout_labels_match_the_gateway_policy(tmp_path: Path) -> None:
     manifests = dry_run(load_target(write_project(tmp_path)), options()).manifests
     labels = rollout_labels(cluster_spec(manifests), "run", "r1", {})
     assert labels["agl.dev/train"] == "calc" and labels["app.kubernetes.io/component"] == "rollout"
+
+
+def test_the_evaluator_reads_policies_as_kubernetes_does() -> None:
+    # policyTypes unset: Ingress, plus Egress because there are egress rules (the API server's defaulting).
+    deny = {"metadata": {"name": "p", "namespace": "default"},
+            "spec": {"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8",
+                                                                        "except": ["10.9.0.0/16"]}}]}]}}
+    assert policy_types(deny) == ["Ingress", "Egress"]
+    pod, peer = Pod("a", {}, ip="10.1.0.1"), Pod("b", {}, ip="10.9.0.1")
+    assert not allowed([deny], pod, METADATA_SERVER, 80)
+    assert allowed([deny], pod, Pod("c", {}, namespace="x", ip="10.2.0.1"), 80)  # no policy guards c's ingress
+    assert not allowed([deny], pod, peer, 80)  # except carves it out (and ingress is denied at b anyway)
+    open_ingress = {**deny, "spec": {**deny["spec"], "ingress": [{}]}}
+    assert allowed([open_ingress], pod, Pod("c", {}, ip="10.2.0.1"), 80)
+    assert not allowed([open_ingress], pod, Pod("c", {}, ip="10.9.0.2"), 80)
+    assert not allowed([open_ingress], pod, INTERNET, 443)
+

@@ -199,6 +199,7 @@ def k8s_command(
     checkpoint_size: Annotated[str, typer.Option(help="Size of the checkpoint volume.")] = "200Gi",
     store_size: Annotated[str, typer.Option(help="Size of the gateway's store volume.")] = "10Gi",
     storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of both volumes (a RayJob trainer needs one that offers ReadWriteMany).")] = None,  # noqa: UP045,E501
+    kuberay_namespace: Annotated[Optional[str], typer.Option(help="Namespace of the KubeRay operator, which alone may reach the Ray dashboard (default: found in the cluster).")] = None,  # noqa: UP045,E501
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every manifest (validated) and apply nothing.")] = False,  # noqa: E501
     detach: Annotated[bool, typer.Option("--detach", help="Return once the train is up instead of following its metrics.")] = False,  # noqa: E501
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a train that failed to start in place, to inspect it.")] = False,  # noqa: E501
@@ -242,7 +243,9 @@ def k8s_command(
                                  kl_coef=kl_coef, loop=loop, heldout_limit=heldout_limit, heldout_split=heldout_split,
                                  train_split=train_split),
         include=list(include or []),
-        checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class, dry_run=dry_run,
+        checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class,
+        kuberay_namespace=kuberay_namespace,
+        dry_run=dry_run,
         follow=not detach, keep_on_failure=keep_on_failure, json_output=json_output, timeout_s=timeout,
     )
     result = provision(spec, options, config=config)

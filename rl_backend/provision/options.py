@@ -32,6 +32,10 @@ GATEWAY_PORT = 8090
 RAY_DASHBOARD_PORT = 8265  # job submission and status: the RayJob's submitter and the KubeRay operator call it
 MAX_TRAIN_NAME = 30  # KubeRay derives cluster, pod and Service names from the RayJob's; those must stay <= 63
 GPUS_PER_NODE = 8
+# The policy servers (vLLM, under verl) listen on a port the OS picks: the pods that host them narrow the kernel's
+# ephemeral range to this (a namespaced sysctl), and the gateway may reach these ports only. Ray's own listeners on
+# those pods are pinned outside it (RAY_PORTS in plan.py).
+POLICY_PORTS = (40000, 40999)
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -177,6 +181,7 @@ class ProvisionOptions(ClusterOptions):
     checkpoint_size: str = "200Gi"
     store_size: str = "10Gi"
     storage_class: str | None = None
+    kuberay_namespace: str | None = None  # where the KubeRay operator runs; found in the cluster when not given
     include: list[str] = field(default_factory=list)
     dry_run: bool = False
     follow: bool = True
@@ -197,6 +202,10 @@ class ProvisionOptions(ClusterOptions):
             raise ProvisionError(f"--namespace {self.namespace!r} is not a valid namespace name", exit_code=2)
         if self.timeout_s <= 0:
             raise ProvisionError("--timeout must be positive", exit_code=2)
+        if self.kuberay_namespace is not None and not (_NAMESPACE.match(self.kuberay_namespace)
+                                                       and len(self.kuberay_namespace) <= 63):
+            raise ProvisionError(f"--kuberay-namespace {self.kuberay_namespace!r} is not a valid namespace name",
+                                 exit_code=2)
         envs = [ref.env for ref in self.key_secrets]
         if len(envs) != len(set(envs)):
             raise ProvisionError("--key-secret names the same variable twice", exit_code=2)

@@ -26,6 +26,7 @@ from rl_backend.provision.options import (
     GPUS_PER_NODE,
     LABEL_POLICY_HOST,
     LABEL_RAY_NODE,
+    POLICY_PORTS,
     RAY_DASHBOARD_PORT,
     Names,
     ProvisionError,
@@ -44,6 +45,13 @@ RAYJOB_CRD = "rayjobs.ray.io"
 BACKOFF_LIMIT = 3
 # The KubeRay operator's pods (its Helm chart's label): it polls the head's dashboard for the RayJob's status.
 KUBERAY_OPERATOR = {"app.kubernetes.io/name": "kuberay-operator"}
+# Ray's listeners on a GPU worker, as `ray start` flags, each pinned outside POLICY_PORTS (Ray would otherwise take
+# them from the ephemeral range the policy servers' range narrows it to, and the gateway could reach them).
+RAY_WORKER_PORTS = {"node-manager-port": "6380", "object-manager-port": "6381", "dashboard-agent-listen-port": "52365",
+                    "dashboard-agent-grpc-port": "52366", "metrics-export-port": "8080",
+                    "runtime-env-agent-port": "52367", "min-worker-port": "10002", "max-worker-port": "19999"}
+# Where KubeRay's Helm quick start installs it, when the cluster cannot be asked (a dry run, no permission to list).
+DEFAULT_KUBERAY_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -202,7 +210,10 @@ def template_context(*, names: Names, namespace: str, options: ProvisionOptions,
         "backoff_limit": BACKOFF_LIMIT,
         "dashboard_port": RAY_DASHBOARD_PORT,
         "kuberay_operator": KUBERAY_OPERATOR,
+        "kuberay_namespace": options.kuberay_namespace or DEFAULT_KUBERAY_NAMESPACE,
         "topology": topology,
         "pod_labels": pod_labels(names),
+        "policy_ports": POLICY_PORTS,
+        "ray_worker_params": {"num-gpus": str(topology.gpus_per_node), **RAY_WORKER_PORTS},
         "policy_hosts": {**names.selector(), LABEL_POLICY_HOST: "true"},
     }

@@ -229,6 +229,20 @@ class Resources:
                 return None
             raise
 
+    def operator_namespaces(self, labels: Mapping[str, str]) -> list[str] | None:
+        """The namespaces of the Deployments carrying `labels` anywhere in the cluster (an operator's); None when
+        agl may not look (listing Deployments cluster-wide denied)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            body = self._json(self._apis["AppsV1Api"].list_deployment_for_all_namespaces,
+                              label_selector=selector_text(labels))
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                return None
+            raise
+        return sorted({i["metadata"]["namespace"] for i in body.get("items") or [] if labels_match(i, labels)})
+
     def pod_log(self, pod: str, container: str | None, *, tail_lines: int | None = None,
                 previous: bool = False) -> str:
         from kubernetes.client.exceptions import ApiException

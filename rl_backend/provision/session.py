@@ -28,7 +28,15 @@ from rl_backend.provision.options import (
     pinned,
     train_name,
 )
-from rl_backend.provision.plan import RAYJOB_CRD, Topology, choose_topology, default_images, template_context
+from rl_backend.provision.plan import (
+    DEFAULT_KUBERAY_NAMESPACE,
+    KUBERAY_OPERATOR,
+    RAYJOB_CRD,
+    Topology,
+    choose_topology,
+    default_images,
+    template_context,
+)
 from rl_backend.provision.render import Rendered, kind_name, render_all
 from rl_backend.provision.resources import Resources, api_errors, load_api_client
 from rl_backend.provision.target import TrainTarget, carried_files, key_refs, local_key_values, loopback_upstreams
@@ -206,6 +214,8 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
     if installed is None:
         log("cannot tell whether KubeRay is installed (no permission to read CRDs); assuming it is")
         installed = True
+    if wanted.kind == "rayjob" and installed:
+        options.kuberay_namespace = _kuberay_namespace(res, options, log)
     provision_id = secrets.token_hex(6)
     names, namespace, topology, refs, rendered = render_train(target, options, installed, provision_id)
     for note in rendered.notes:
@@ -244,6 +254,23 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
         raise ProvisionError(f"the trainer failed: {detail}" + (f"\n{explained}" if explained else ""),
                              hint=f"`agl train status {names.train}`; the objects stay until `agl train stop`")
     return result
+
+
+def _kuberay_namespace(res: Resources, options: ProvisionOptions, log: Callable[[str], None]) -> str:
+    """Where the KubeRay operator runs: the Ray dashboard's policy admits the operator from that namespace only."""
+    if options.kuberay_namespace:
+        return options.kuberay_namespace
+    found = res.operator_namespaces(KUBERAY_OPERATOR)
+    if found is None:
+        log(f"cannot list Deployments cluster-wide to find the KubeRay operator; assuming namespace "
+            f"{DEFAULT_KUBERAY_NAMESPACE} (give --kuberay-namespace if it runs elsewhere)")
+        return DEFAULT_KUBERAY_NAMESPACE
+    if len(found) != 1:
+        where = "no namespace" if not found else "namespaces " + ", ".join(found)
+        raise ProvisionError(f"the KubeRay operator (a Deployment labelled app.kubernetes.io/name=kuberay-operator) "
+                             f"runs in {where}; its namespace is the one the Ray dashboard admits it from",
+                             hint="give --kuberay-namespace NAMESPACE", exit_code=2)
+    return found[0]
 
 
 def _checks_quietly(waiter: Waiter) -> list[Any]:
