@@ -238,11 +238,15 @@ def test_a_clusterip_in_an_ipblock_is_refused(tmp_path: Path) -> None:
     assert "gateway_pod_selector" in str(error)
 
 
+KUBE_SYSTEM = {"kubernetes.io/metadata.name": "kube-system"}
+
+
 @pytest.mark.parametrize(("dns", "peers", "ports"), [
-    (True, [{"namespaceSelector": {"matchLabels": {}}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+    # kube-system's DNS pods only: a pod elsewhere labelled k8s-app: kube-dns gets no lookups.
+    (True, [{"namespaceSelector": {"matchLabels": KUBE_SYSTEM}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
      [53]),
     ({"cidrs": ["169.254.20.10/32"]},  # NodeLocal DNSCache, next to the cluster's DNS pods
-     [{"namespaceSelector": {"matchLabels": {}}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
+     [{"namespaceSelector": {"matchLabels": KUBE_SYSTEM}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
       {"ipBlock": {"cidr": "169.254.20.10/32"}}], [53]),
     ({"namespace_selector": {"kubernetes.io/metadata.name": "openshift-dns"},  # OpenShift's DNS listens on 5353
       "pod_selector": {"dns.operator.openshift.io/daemonset-dns": "default"}, "ports": [5353]},

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from rl_backend.provision.options import POLICY_PORTS
+from rl_backend.provision.options import POLICY_PORTS, ProvisionError
 from rl_backend.provision.session import dry_run
 from rl_backend.rollout.k8s_manifest import render_job, rollout_labels
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from tests.helpers.k8s_rollouts import make_job
-from tests.helpers.netpol import INTERNET, METADATA_SERVER, Pod, allowed, policy_types
+from tests.helpers.netpol import API_SERVER, INTERNET, METADATA_SERVER, Pod, allowed, policy_types
 from tests.test_provision_support import NAMES, fast_schemas, load_target, options, write_project  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
@@ -219,3 +219,49 @@ def test_the_evaluator_reads_policies_as_kubernetes_does() -> None:
     assert not allowed([open_ingress], pod, Pod("c", {}, ip="10.9.0.2"), 80)
     assert not allowed([open_ingress], pod, INTERNET, 443)
 
+
+
+@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
+def test_rollout_pods_reach_only_dns_and_the_gateway_by_default(tmp_path: Path, extra: dict[str, Any]) -> None:
+    # agl.yaml says nothing about network policies: the rollout pods (untrusted agent code) are still closed in.
+    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
+    policies = _of(manifests, "NetworkPolicy")
+    pods = _pods(manifests, tmp_path)
+    rollout = pods["rollout"]
+    assert allowed(policies, rollout, pods["gateway"], 8090)
+    assert allowed(policies, rollout, pods["dns"], 53, "UDP") and allowed(policies, rollout, pods["dns"], 53)
+    assert not allowed(policies, rollout, pods["spoofed-dns"], 53, "UDP")
+    assert not allowed(policies, rollout, pods["spoofed-gateway"], 8090)
+    for target, port in ((METADATA_SERVER, 80), (API_SERVER, 443), (API_SERVER, 6443), (INTERNET, 443)):
+        assert not allowed(policies, rollout, target, port), target.name
+    for name in ("other", "same-labels-elsewhere", "operator", *(k for k in ("trainer", "head", "worker")
+                                                                 if k in pods)):
+        for port in (80, 8000, 8265, 6379, *POLICY_PORTS):
+            assert not allowed(policies, rollout, pods[name], port), (name, port)
+
+
+def test_network_policy_in_agl_yaml_opens_what_it_says_and_nothing_more(tmp_path: Path) -> None:
+    from tests.test_provision_support import AGL_YAML
+
+    def plan(policy: Any) -> Any:
+        section = {**AGL_YAML["kubernetes"], "network_policy": policy}
+        return dry_run(load_target(write_project(tmp_path, kubernetes=section)), options())
+
+    # `{}` is accepted (it used to be refused for want of a gateway address): the defaults, the train's gateway.
+    closed = plan({})
+    assert [p["metadata"]["name"] for p in _of(closed.manifests, "NetworkPolicy")][-1] == NAMES.rollout_egress
+    mirror = Pod("mirror", {}, namespace="", ip="10.8.1.1", external=True)
+    opened = plan({"allow_egress": [{"to": [{"ipBlock": {"cidr": "10.8.0.0/16"}}], "ports": [{"port": 443}]}]})
+    policies = _of(opened.manifests, "NetworkPolicy")
+    rollout = _pods(opened.manifests, tmp_path)["rollout"]
+    assert allowed(policies, rollout, mirror, 443)
+    assert not allowed(policies, rollout, mirror, 22) and not allowed(policies, rollout, METADATA_SERVER, 80)
+    assert not allowed(_of(closed.manifests, "NetworkPolicy"), rollout, mirror, 443)
+    # Switched off: no policy, and the plan says what that leaves open.
+    off = plan({"enabled": False})
+    assert NAMES.rollout_egress not in [p["metadata"]["name"] for p in _of(off.manifests, "NetworkPolicy")]
+    assert any("metadata server" in note for note in off.notes)
+    # A rule Kubernetes would refuse is refused before anything is applied, naming the policy.
+    with pytest.raises(ProvisionError, match=f"NetworkPolicy/{NAMES.rollout_egress}") as bad:
+        plan({"allow_egress": [{"to": [{"ipBlock": {"cidr": 10}}]}]})
+    assert bad.value.exit_code == 2

@@ -72,7 +72,7 @@ def test_dry_run_prints_every_manifest_and_each_validates(tmp_path: Path, monkey
     kinds = [d["kind"] for d in docs]
     rayjob = extra != []
     assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "Secret", "NetworkPolicy",
-                     "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "PersistentVolumeClaim",
+                     "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "NetworkPolicy", "PersistentVolumeClaim",
                      "PersistentVolumeClaim", "Service", "Deployment", "RayJob" if rayjob else "Job"]
     for doc in docs:
         if doc["kind"] == "RayJob":
@@ -88,7 +88,7 @@ def test_dry_run_json_holds_the_manifests(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), [str(write_project(tmp_path)), "--on=kubernetes", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 13
+    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 14
     assert document["trainer"]["kind"] == "Job"
 
 

@@ -46,7 +46,7 @@ RESOURCES = {
     "rbac.authorization.k8s.io/v1/rolebindings": True, "v1/secrets": True, "v1/configmaps": True,
     "v1/persistentvolumeclaims": True, "v1/services": True, "apps/v1/deployments": True, "batch/v1/jobs": True,
     "v1/pods": True, "v1/events": True, "discovery.k8s.io/v1/endpointslices": True,
-    "networking.k8s.io/v1/networkpolicies": True,
+    "networking.k8s.io/v1/networkpolicies": True, "apps/v1/daemonsets": True,
 }
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 PATHS = {

@@ -188,7 +188,7 @@ def test_the_calc_example_renders_a_coherent_validated_plan(tmp_path: Path, args
     access = next(m for m in manifests if m["metadata"]["name"] == NAMES.checkpoints)["spec"]["accessModes"]
     assert access == ["ReadWriteMany" if nodes > 1 else "ReadWriteOnce"]
     policies = {m["metadata"]["name"] for m in _of(manifests, "NetworkPolicy")}
-    assert policies == {"agl-calc-gateway-ingress", "agl-calc-policy-ingress",
+    assert policies == {"agl-calc-gateway-ingress", "agl-calc-policy-ingress", "agl-calc-rollout-egress",
                         *(["agl-calc-ray-ingress"] if nodes > 1 else [])}
     copied = yaml.safe_load(next(v for k, v in _of(manifests, "ConfigMap")[0]["data"].items()
                                  if k.endswith("agl.yaml")))

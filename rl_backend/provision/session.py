@@ -37,6 +37,7 @@ from rl_backend.provision.plan import (
     default_images,
     template_context,
 )
+from rl_backend.provision.preflight import cni_notes
 from rl_backend.provision.render import Rendered, kind_name, render_all
 from rl_backend.provision.resources import Resources, api_errors, load_api_client
 from rl_backend.provision.target import TrainTarget, carried_files, key_refs, local_key_values, loopback_upstreams
@@ -221,6 +222,8 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
     for note in rendered.notes:
         log(note)
     preflight_secrets(res, refs, log)
+    for note in cni_notes(res):
+        log(note)
     applier = Applier(res, names, provision_id, attempts=options.create_attempts, backoff_s=options.retry_backoff_s,
                       log=log, secret_value=token)
     steps = applier.apply_all(rendered.manifests)

@@ -212,7 +212,7 @@ def render_policy(spec: KubernetesSpec, run_id: str, base_dir: Path) -> dict[str
         labels={**run_selector(run_id), "app.kubernetes.io/managed-by": "agl"}, pod_selector=run_selector(run_id),
         gateway_cidrs=cidrs, gateway_pod_selector=policy.gateway_pod_selector,
         gateway_namespace_selector=policy.gateway_namespace_selector, gateway_port=port, dns=dns_context(policy.dns_rule()),
-        spec=spec,
+        allow_egress=policy.allow_egress, spec=spec,
     )
     manifest = load_manifest(text, str(template))
     validate_schema(manifest, spec.kubernetes_version)

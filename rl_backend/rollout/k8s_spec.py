@@ -57,14 +57,18 @@ def _check_cidrs(value: list[str]) -> list[str]:
 
 
 class DnsSpec(_Strict):
-    """Where rollout pods may resolve names. The default is the cluster's DNS pods (label k8s-app: kube-dns, any
-    namespace) on port 53. NodeLocal DNSCache answers on a link-local address of each node: add it to `cidrs`
+    """Where rollout pods may resolve names. The default is the cluster's DNS pods (label k8s-app: kube-dns, in
+    namespace kube-system) on port 53. NodeLocal DNSCache answers on a link-local address of each node: add it to `cidrs`
     (e.g. 169.254.20.10/32). OpenShift's DNS pods live in namespace openshift-dns, labelled
     dns.operator.openshift.io/daemonset-dns: default, and listen on port 5353."""
 
     pod_selector: dict[str, str] | None = Field(default_factory=lambda: {"k8s-app": "kube-dns"},
                                                 description="labels of the DNS pods (null: none by selector)")
-    namespace_selector: dict[str, str] | None = Field(default_factory=dict, description="{}: any namespace")
+    # In kube-system only by default: a pod anywhere else may label itself k8s-app: kube-dns and would otherwise
+    # receive every rollout's lookups (and whatever an agent smuggles out in them).
+    namespace_selector: dict[str, str] | None = Field(
+        default_factory=lambda: {"kubernetes.io/metadata.name": "kube-system"},
+        description="labels of the DNS pods' namespace ({}: any namespace; null: the policy's own)")
     cidrs: list[str] = Field(default_factory=list, description="DNS servers by address, e.g. 169.254.20.10/32")
     ports: list[int] = Field(default_factory=lambda: [53], min_length=1, description="the DNS ports (UDP and TCP)")
 
@@ -88,7 +92,9 @@ class DnsSpec(_Strict):
 
 
 class NetworkPolicySpec(_Strict):
-    """Egress only to the gateway (and DNS); no ingress. Needs a CNI that enforces NetworkPolicy."""
+    """Egress only to the gateway (and DNS), plus the rules in `allow_egress`; no ingress. Needs a CNI that enforces
+    NetworkPolicy. `{}` means exactly that, with the defaults; for `agl train --on kubernetes` (which applies it to
+    every rollout pod even without this section) the gateway is the train's own."""
 
     enabled: bool = Field(default=True, description="create the NetworkPolicy")
     gateway_cidrs: list[str] = Field(default_factory=list, description="the gateway's pod or host addresses, e.g. "
@@ -101,6 +107,9 @@ class NetworkPolicySpec(_Strict):
     gateway_port: int | None = Field(default=None, ge=1, le=65535, description="default: the port of gateway_url")
     dns: bool | DnsSpec = Field(default=True, description="true: the cluster's kube-dns pods; false: none; or a "
                                                           "DnsSpec (NodeLocal DNSCache, OpenShift)")
+    allow_egress: list[dict[str, Any]] = Field(
+        default_factory=list, description="more egress rules, as NetworkPolicy egress rules ({to, ports}), e.g. a "
+        "package mirror: [{to: [{ipBlock: {cidr: 10.8.0.0/16}}], ports: [{port: 443}]}]")
     template: str | None = Field(default=None, description="your own NetworkPolicy jinja2 template")
 
     @field_validator("gateway_cidrs")
@@ -261,7 +270,9 @@ class KubernetesSpec(_Strict):
     @model_validator(mode="after")
     def _policy_needs_gateway(self) -> KubernetesSpec:
         policy = self.network_policy
-        if policy is not None and policy.enabled and not (policy.gateway_cidrs or policy.gateway_pod_selector):
+        # Without a gateway_url there is nothing to point at yet: a train supplies its own gateway's pods.
+        if (policy is not None and policy.enabled and self.gateway_url is not None
+                and not (policy.gateway_cidrs or policy.gateway_pod_selector)):
             host = urlsplit(self.gateway_url).hostname if self.gateway_url else None
             try:
                 ipaddress.ip_address(host or "")
