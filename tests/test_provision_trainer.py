@@ -15,7 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from agl_cli.main import app
+from rl_backend.provision.plan import TRAINER_RUNS
 from rl_backend.provision.rayjob_schema import SCHEMA_FILE, validate_rayjob
+from rl_backend.provision.readiness import trainer_check, trainer_finished
 from rl_backend.rollout.k8s_manifest import ManifestError, validate_schema
 from tests.helpers import REPO
 from tests.test_provision_isolation import _of, cluster_spec, rollout_job
@@ -96,10 +98,42 @@ def test_training_flags_are_checked_before_anything_is_rendered(flags: list[str]
     assert result.stdout == ""
 
 
+def _runs(trainer: dict[str, Any]) -> int:
+    """How many times the trainer runs before its controller gives up. A Job whose pod restarts OnFailure fails once
+    its containers' restarts reach backoffLimit (the restart that reaches it is killed: backoffLimit runs); with
+    restartPolicy Never, once failed pods exceed it (backoffLimit + 1 runs). KubeRay retries a RayJob while
+    status.failed < backoffLimit + 1 (backoffLimit + 1 runs)."""
+    limit = int(trainer["spec"]["backoffLimit"])
+    if trainer["kind"] == "RayJob":
+        return limit + 1
+    return limit if trainer["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure" else limit + 1
+
+
 def test_the_trainer_job_and_the_rayjob_retry_alike() -> None:
     job = next(m for m in _plan()["manifests"] if m["kind"] == "Job")
     rayjob = next(m for m in _plan("--gpus", "16")["manifests"] if m["kind"] == "RayJob")
-    assert job["spec"]["backoffLimit"] == rayjob["spec"]["backoffLimit"] == 3
+    assert _runs(job) == _runs(rayjob) == TRAINER_RUNS == 3
+
+
+@pytest.mark.parametrize(("status", "finished"), [
+    # KubeRay 1.7: an attempt failed and another is coming (backoffLimit not reached): not over.
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Retrying", "failed": 1}, None),
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Running", "failed": 1}, None),  # before the operator decides
+    ({"jobStatus": "", "jobDeploymentStatus": "Initializing", "failed": 2}, None),  # the next attempt's cluster
+    ({"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}, None),
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Failed", "failed": 3, "reason": "BackoffLimitExceeded"},
+     ("failed", "FAILED: BackoffLimitExceeded")),
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Complete"}, ("failed", "FAILED")),  # KubeRay before backoffLimit
+    ({"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"}, ("succeeded", "")),
+    ({"jobDeploymentStatus": "ValidationFailed", "message": "bad spec"}, ("failed", "ValidationFailed: bad spec")),
+])
+def test_a_retrying_rayjob_is_not_over(status: dict[str, Any], finished: Any) -> None:
+    rayjob = {"kind": "RayJob", "status": status}
+    assert trainer_finished(rayjob) == finished
+    check = trainer_check(rayjob, [], name=NAMES.trainer, kind="RayJob", nodes=2)
+    assert (check.failure is not None) == (finished is not None and finished[0] == "failed")
+    if status.get("jobDeploymentStatus") == "Retrying":
+        assert "attempt 1 of 3 failed" in check.detail and "retrying" in check.detail
 
 
 @pytest.mark.parametrize(("args", "kind", "access"), [
