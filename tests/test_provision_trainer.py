@@ -115,6 +115,14 @@ def test_the_trainer_job_and_the_rayjob_retry_alike() -> None:
     assert _runs(job) == _runs(rayjob) == TRAINER_RUNS == 3
 
 
+def test_the_ray_cluster_goes_away_soon_after_the_train_ends() -> None:
+    # shutdownAfterJobFinishes deletes the RayCluster ttlSecondsAfterFinished after the job ends: its GPU workers are
+    # held that long for nothing. A minute lets `agl train` read the last metrics; an hour cost an hour of GPUs.
+    rayjob = next(m for m in _plan("--gpus", "16")["manifests"] if m["kind"] == "RayJob")
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
+    assert 0 <= rayjob["spec"]["ttlSecondsAfterFinished"] <= 120
+
+
 @pytest.mark.parametrize(("status", "finished"), [
     # KubeRay 1.7: an attempt failed and another is coming (backoffLimit not reached): not over.
     ({"jobStatus": "FAILED", "jobDeploymentStatus": "Retrying", "failed": 1}, None),
