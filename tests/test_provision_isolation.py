@@ -265,3 +265,21 @@ def test_network_policy_in_agl_yaml_opens_what_it_says_and_nothing_more(tmp_path
     with pytest.raises(ProvisionError, match=f"NetworkPolicy/{NAMES.rollout_egress}") as bad:
         plan({"allow_egress": [{"to": [{"ipBlock": {"cidr": 10}}]}]})
     assert bad.value.exit_code == 2
+
+
+@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
+def test_volumes_are_not_rechowned_at_every_pod_start(tmp_path: Path, extra: dict[str, Any]) -> None:
+    # fsGroup alone makes the kubelet chown every file of the 200 GiB checkpoint volume at each pod start (minutes
+    # on a restart); OnRootMismatch does it once, when the volume's root is not the group's yet.
+    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
+    pod_specs = [rollout_job(manifests, tmp_path)["spec"]["template"]["spec"]]
+    for manifest in manifests:
+        if manifest["kind"] in ("Deployment", "Job"):
+            pod_specs.append(manifest["spec"]["template"]["spec"])
+        if manifest["kind"] == "RayJob":
+            cluster = manifest["spec"]["rayClusterSpec"]
+            pod_specs += [cluster["headGroupSpec"]["template"]["spec"],
+                          cluster["workerGroupSpecs"][0]["template"]["spec"]]
+    with_fs_group = [s["securityContext"] for s in pod_specs if "fsGroup" in s.get("securityContext", {})]
+    assert len(with_fs_group) == len(pod_specs)
+    assert all(c.get("fsGroupChangePolicy") == "OnRootMismatch" for c in with_fs_group), with_fs_group
