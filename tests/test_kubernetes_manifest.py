@@ -136,7 +136,7 @@ def test_the_job_manifest_has_agls_invariants_and_a_restrictive_pod(tmp_path: Pa
         assert labels[LABEL_VARIANT] == label_value("temperature=0.7")
     assert meta["annotations"]["agl.dev/variant"] == "temperature=0.7"
     assert job_spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
-    assert job_spec["activeDeadlineSeconds"] == math.ceil(42.5 + spec.startup_allowance_s)
+    assert job_spec["activeDeadlineSeconds"] == math.ceil(42.5 + spec.startup_allowance_s + spec.unschedulable_after_s)
     assert job_spec["ttlSecondsAfterFinished"] == 120
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True

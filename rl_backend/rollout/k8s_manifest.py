@@ -74,7 +74,9 @@ def run_selector(run_id: str) -> dict[str, str]:
 
 
 def deadline_seconds(timeout_s: float, spec: KubernetesSpec) -> int:
-    return max(1, math.ceil(timeout_s + spec.startup_allowance_s))
+    """The Job's activeDeadlineSeconds, which counts from its creation: the agent's timeout after the longest its pod
+    may wait for a node and for its image."""
+    return max(1, math.ceil(timeout_s + spec.startup_allowance_s + spec.unschedulable_after_s))
 
 
 def yaml_quote(value: object) -> str:

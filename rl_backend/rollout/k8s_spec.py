@@ -212,8 +212,12 @@ class KubernetesSpec(_Strict):
         default=3.0, gt=0, description="how often the run's pods are checked for one that cannot start"
     )
     unstartable_after_s: float = Field(
-        default=10.0, ge=0, description="how long a pod may stay Unschedulable or in ErrImagePull (which the "
-        "cluster may still resolve) before its rollout fails; ImagePullBackOff and container config errors fail at once"
+        default=10.0, ge=0, description="how long a pod may stay in ErrImagePull (which the registry may still "
+        "resolve) before its rollout fails; ImagePullBackOff and container config errors fail at once"
+    )
+    unschedulable_after_s: float = Field(
+        default=300.0, ge=0, description="how long a pod may wait Unschedulable for a node (a cluster autoscaler "
+        "adding one takes minutes) before its rollout fails; the Job's deadline includes this wait"
     )
     create_qps: float = Field(default=5.0, gt=0, description="Job creations per second (token bucket)")
     create_burst: int = Field(default=10, ge=1, description="Job creations allowed at once (token bucket size)")
