@@ -54,6 +54,8 @@ KUBERAY_OPERATOR = {"app.kubernetes.io/name": "kuberay-operator"}
 RAY_WORKER_PORTS = {"node-manager-port": "6380", "object-manager-port": "6381", "dashboard-agent-listen-port": "52365",
                     "dashboard-agent-grpc-port": "52366", "metrics-export-port": "8080",
                     "runtime-env-agent-port": "52367", "min-worker-port": "10002", "max-worker-port": "19999"}
+# GPU nodes are commonly tainted so that only pods asking for GPUs land there.
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 # Where KubeRay's Helm quick start installs it, when the cluster cannot be asked (a dry run, no permission to list).
 DEFAULT_KUBERAY_NAMESPACE = "default"
 
@@ -150,11 +152,15 @@ def trainer_env(names: Names, namespace: str, topology: Topology) -> list[dict[s
     return env
 
 
-def trainer_resources(topology: Topology) -> dict[str, dict[str, Any]]:
+def trainer_resources(topology: Topology, options: ProvisionOptions | None = None) -> dict[str, dict[str, Any]]:
     """Per pod role. GPUs are an extended resource: a limit (the request follows). No memory limit on the trainer:
-    its in-memory /dev/shm would count against it and get the pod OOM-killed mid-step."""
+    its in-memory /dev/shm would count against it and get the pod OOM-killed mid-step. The GPU pods' CPU and memory
+    default to 4 CPU and 24 GiB per GPU; --trainer-cpu/--trainer-memory set them (a 4 vCPU / 16 GiB one-GPU node
+    allocates less than that)."""
     gpus = str(topology.gpus_per_node)
-    per_gpu = {"cpu": str(4 * topology.gpus_per_node), "memory": f"{24 * topology.gpus_per_node}Gi"}
+    per_gpu = {"cpu": (options.trainer_cpu if options and options.trainer_cpu else str(4 * topology.gpus_per_node)),
+               "memory": (options.trainer_memory if options and options.trainer_memory
+                          else f"{24 * topology.gpus_per_node}Gi")}
     return {
         "single": {"requests": per_gpu, "limits": {"nvidia.com/gpu": gpus}},
         "head": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "16Gi"}},
@@ -209,7 +215,9 @@ def template_context(*, names: Names, namespace: str, options: ProvisionOptions,
         "trainer_image": options.image or trainer_image,
         "trainer_command": trainer_command(options),
         "trainer_env": trainer_env(names, namespace, topology),
-        "resources": trainer_resources(topology),
+        "resources": trainer_resources(topology, options),
+        "gpu_node_selector": options.node_selector,
+        "gpu_tolerations": [*GPU_TOLERATIONS, *options.tolerations],
         "shm_size": f"{min(64, 8 * topology.gpus_per_node)}Gi",
         "job_backoff_limit": TRAINER_RUNS,  # restartPolicy OnFailure: restarts reaching it fail the Job
         "rayjob_backoff_limit": TRAINER_RUNS - 1,  # KubeRay: retries after the first attempt

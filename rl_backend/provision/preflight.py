@@ -1,6 +1,7 @@
 """What the cluster itself says about a train before anything is applied: facts read through the official client
-(DaemonSets, and more as checks grow), each turned into a note a platform engineer can act on. Reads that agl may
-not make (403) leave a fact unknown and say so; they never stop a provision on their own.
+(StorageClasses, nodes, DaemonSets; the KubeRay operator in session.py), judged by cluster_fit.py, each a finding a
+platform engineer can act on. Reads that agl may not make (403) leave a fact unknown and say so; they never stop a
+provision on their own.
 
 The CNI: NetworkPolicies are what keep other namespaces out of the train and the rollout pods (agent code) away from
 the metadata server and the API server, and only a CNI that enforces them makes them more than stored objects.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_backend.provision.cluster_fit import Finding, node_findings, storage_findings
 from rl_backend.provision.resources import Resources
 
 # DaemonSet name -> the CNI (or policy agent) it runs, for those that enforce NetworkPolicy.
@@ -67,3 +69,39 @@ def cni_notes(res: Resources) -> list[str]:
                 "does (Calico, Cilium, GKE Dataplane V2, the VPC CNI's network policy agent on EKS)"]
     return [f"warning: cannot tell whether the cluster's CNI enforces NetworkPolicy (no DaemonSet agl knows, or no "
             f"permission to list DaemonSets); if it does not, {stakes}"]
+
+
+def _trainer_pods(manifests: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    pods: dict[str, dict[str, Any]] = {}
+    count: dict[str, int] = {}
+    for manifest in manifests:
+        if manifest["kind"] == "Job":
+            pods["trainer"] = manifest["spec"]["template"]["spec"]
+        if manifest["kind"] == "RayJob":
+            cluster = manifest["spec"]["rayClusterSpec"]
+            pods["head"] = cluster["headGroupSpec"]["template"]["spec"]
+            group = cluster["workerGroupSpecs"][0]
+            pods["GPU worker"], count["GPU worker"] = group["template"]["spec"], int(group["replicas"])
+    return pods, count
+
+
+def cluster_findings(res: Resources, manifests: list[dict[str, Any]], *, store_claim: str,
+                     uid: int) -> list[Finding]:
+    """Everything agl can tell from the cluster about whether this plan would start, before applying it."""
+    found: list[Finding] = []
+    classes = res.look("StorageV1Api", "list_storage_class")
+    claims = [m for m in manifests if m["kind"] == "PersistentVolumeClaim"]
+    if classes is None:
+        found.append(Finding("warning", "cannot list StorageClasses (no permission): the volumes' classes are "
+                                        "unchecked; a RayJob needs a ReadWriteMany one for the checkpoints"))
+    else:
+        found += storage_findings(claims, classes.get("items") or [], store_claim=store_claim, uid=uid)
+    nodes = res.look("CoreV1Api", "list_node")
+    if nodes is None:
+        found.append(Finding("warning", "cannot list nodes (no permission): whether the trainer's pods fit any "
+                                        "node is unchecked"))
+    else:
+        pods, count = _trainer_pods(manifests)
+        found += node_findings(pods, nodes.get("items") or [], count)
+    found += [Finding("warning", note.removeprefix("warning: ")) for note in cni_notes(res)]
+    return found

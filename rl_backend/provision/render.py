@@ -97,8 +97,10 @@ def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_versi
     if rollout_policy.enabled:
         docs.append(_rollout_egress(context, rollout_policy))
     docs += [
+        # Not --storage-class: that one is the checkpoints' (a network filesystem for a RayJob), where SQLite's
+        # WAL cannot live.
         _render("pvc.yaml.j2", context, name=names.store_pvc, labels=labels("gateway-store"),
-                access_mode="ReadWriteOnce", size=options.store_size, storage_class=options.storage_class),
+                access_mode="ReadWriteOnce", size=options.store_size, storage_class=options.store_storage_class),
         _render("pvc.yaml.j2", context, name=names.checkpoints, labels=labels("checkpoints"),
                 access_mode=topology.checkpoint_access, size=options.checkpoint_size,
                 storage_class=options.storage_class),

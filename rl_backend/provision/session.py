@@ -32,12 +32,13 @@ from rl_backend.provision.plan import (
     DEFAULT_KUBERAY_NAMESPACE,
     KUBERAY_OPERATOR,
     RAYJOB_CRD,
+    UID,
     Topology,
     choose_topology,
     default_images,
     template_context,
 )
-from rl_backend.provision.preflight import cni_notes
+from rl_backend.provision.preflight import cluster_findings
 from rl_backend.provision.render import Rendered, kind_name, render_all
 from rl_backend.provision.resources import Resources, api_errors, load_api_client
 from rl_backend.provision.target import TrainTarget, carried_files, key_refs, local_key_values, loopback_upstreams
@@ -51,7 +52,7 @@ class ProvisionResult:
     train: str
     namespace: str
     topology: Topology
-    outcome: str  # dry-run | ready | interrupted | succeeded | failed
+    outcome: str  # dry-run | preflight | ready | interrupted | succeeded | failed
     manifests: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
@@ -222,8 +223,17 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
     for note in rendered.notes:
         log(note)
     preflight_secrets(res, refs, log)
-    for note in cni_notes(res):
-        log(note)
+    findings = cluster_findings(res, rendered.manifests, store_claim=names.store_pvc, uid=UID)
+    for finding in findings:
+        log(f"{finding.level}: {finding.text}" + (f"\n  hint: {finding.hint}" if finding.hint else ""))
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise ProvisionError("this train would not start; nothing was applied:\n" + "\n".join(
+            f"- {f.text}" + (f"\n  hint: {f.hint}" if f.hint else "") for f in errors), exit_code=2)
+    if options.preflight:
+        result = ProvisionResult(names.train, namespace, topology, "preflight", rendered.manifests, rendered.notes)
+        result.detail = f"{len(findings)} warning(s); nothing was applied (--preflight)"
+        return result
     applier = Applier(res, names, provision_id, attempts=options.create_attempts, backoff_s=options.retry_backoff_s,
                       log=log, secret_value=token)
     steps = applier.apply_all(rendered.manifests)
