@@ -235,3 +235,30 @@ def test_the_calc_example_renders_a_coherent_validated_plan(tmp_path: Path, args
     copied = yaml.safe_load(next(v for k, v in _of(manifests, "ConfigMap")[0]["data"].items()
                                  if k.endswith("agl.yaml")))
     assert copied["runner"] == "kubernetes"
+
+
+@pytest.mark.parametrize("args", [[], ["--gpus", "16"]])
+def test_converted_models_land_on_the_volume_every_trainer_pod_mounts(args: list[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Known models are converted once into the model cache; with HOME=/tmp (an emptyDir of one pod) the RayJob's
+    # GPU workers got a path that existed on the head only. The cache must be on the shared checkpoint volume.
+    from rl_backend.serving.model_store import cache_root
+
+    pods = []
+    for manifest in _plan(*args)["manifests"]:
+        if manifest["kind"] == "Job":
+            pods.append(manifest["spec"]["template"]["spec"])
+        if manifest["kind"] == "RayJob":
+            cluster = manifest["spec"]["rayClusterSpec"]
+            pods += [cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]]
+    assert pods
+    for pod in pods:
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        for key, value in env.items():
+            if value is not None:
+                monkeypatch.setenv(key, value)
+        volume = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "checkpoints")
+        claim = next(v for v in pod["volumes"] if v["name"] == "checkpoints")["persistentVolumeClaim"]["claimName"]
+        assert claim == NAMES.checkpoints
+        assert cache_root().is_relative_to(volume), (cache_root(), volume)

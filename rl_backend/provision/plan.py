@@ -139,6 +139,9 @@ def trainer_env(names: Names, namespace: str, topology: Topology) -> list[dict[s
         "AGL_CHECKPOINT_DIR": "/checkpoints",
         "AGL_HOME": "/checkpoints/agl",  # runs live with the checkpoints: a restarted pod resumes them
         "HF_HOME": "/checkpoints/huggingface",  # weights are fetched once per train, not once per pod
+        # agl's converted models (rl_backend/serving/model_store.py): on the volume every trainer pod mounts, so the
+        # GPU workers find what the head converted (HOME=/tmp is each pod's own emptyDir).
+        "AGL_MODEL_CACHE": "/checkpoints/models",
         "AGL_TRAIN_GPUS": str(topology.gpus),
         "AGL_TRAIN_NODES": str(topology.nodes),
         "AGL_GPUS_PER_NODE": str(topology.gpus_per_node),
