@@ -283,3 +283,17 @@ def test_volumes_are_not_rechowned_at_every_pod_start(tmp_path: Path, extra: dic
     with_fs_group = [s["securityContext"] for s in pod_specs if "fsGroup" in s.get("securityContext", {})]
     assert len(with_fs_group) == len(pod_specs)
     assert all(c.get("fsGroupChangePolicy") == "OnRootMismatch" for c in with_fs_group), with_fs_group
+
+
+def test_the_gateway_listens_on_every_address_of_its_pod_ipv6_included(tmp_path: Path) -> None:
+    # A dual-stack pod has an IPv4 and an IPv6 address; rollouts may resolve the gateway's Service to either. The
+    # gateway learns both from the downward API ($POD_IPS) and listens on each, never on 0.0.0.0.
+    from rl_backend.gateway.listen import pod_hosts
+
+    manifests = dry_run(load_target(write_project(tmp_path)), options()).manifests
+    container = _of(manifests, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    env = _env(container)
+    assert env["POD_IPS"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIPs"}}
+    hosts = pod_hosts({"POD_IPS": "10.244.0.2,fd00:10:244::2"}, resolve=lambda _: [])
+    assert hosts[:2] == ["10.244.0.2", "fd00:10:244::2"] and "0.0.0.0" not in hosts and "::" not in hosts
+    assert "--in-cluster" in container["command"]

@@ -124,6 +124,8 @@ def gateway_env(names: Names, refs: list[SecretRef]) -> list[dict[str, Any]]:
         _secret_env(POLICY_KEY_ENV, names.policy_key, "token"),
         {"name": "HOME", "value": "/tmp"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # Every address of the pod, IPv6 too on a dual-stack cluster: `--in-cluster` listens on each (and loopback).
+        {"name": "POD_IPS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
     ]
     # By reference only: the key's value is read by the kubelet from the user's Secret, never by agl.
     env += [_secret_env(ref.env, ref.secret, ref.key) for ref in refs]
