@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from rl_backend.netaddr import is_own_address
 from rl_backend.rollout.k8s_env import PodEnvError, UnreachableGatewayError, build_pod_env, pod_env
 from rl_backend.rollout.k8s_manifest import (
     LABEL_ROLLOUT,
@@ -256,7 +258,12 @@ def test_the_token_bucket_paces_acquisitions() -> None:
 
 
 def test_the_gateway_listens_where_pods_can_reach_it() -> None:
-    assert _spec().listen_address() == ("0.0.0.0", 8400)
+    assert _spec().listen_address() == ("0.0.0.0", 8400)  # 10.1.2.3 is not this machine's: NATed, any interface
+    # This machine's own address: only there, not on every interface (public Wi-Fi included).
+    assert _spec(gateway_url="http://127.0.0.1:8400").listen_address() == ("127.0.0.1", 8400)
+    if socket.has_ipv6 and is_own_address("::1"):
+        assert _spec(gateway_url="http://[::1]:8400").listen_address() == ("::1", 8400)
+    assert _spec(gateway_url="http://[fd00:7::7]:8400").listen_address() == ("::", 8400)  # IPv6: bound on IPv6
     assert _spec(gateway_listen="10.1.2.3:9000").listen_address() == ("10.1.2.3", 9000)
     assert KubernetesSpec(image="a").listen_address() is None
     with pytest.raises(ValidationError, match="host:port"):

@@ -262,14 +262,22 @@ class KubernetesSpec(_Strict):
         return value
 
     def listen_address(self) -> tuple[str, int] | None:
-        """Where the gateway must listen so pods reach it (None: no gateway_url, nothing to decide)."""
+        """Where the gateway must listen so pods reach it, and no wider (None: no gateway_url, nothing to decide):
+        gateway_url's own address when it is an IP of this machine (IPv6 included); otherwise every address of
+        its family, since a NATed address or a host name may arrive on any interface."""
         if self.gateway_listen is not None:
             host, _, port = self.gateway_listen.rpartition(":")
             return host.strip("[]"), int(port)
         if self.gateway_url is None:
             return None
+        from rl_backend.netaddr import is_own_address
+
         parts = urlsplit(self.gateway_url)
-        return "0.0.0.0", parts.port or (443 if parts.scheme == "https" else 80)
+        number = parts.port or (443 if parts.scheme == "https" else 80)
+        address = parts.hostname or ""
+        if is_own_address(address):
+            return address, number
+        return ("::" if ":" in address else "0.0.0.0"), number
 
     @model_validator(mode="after")
     def _policy_needs_gateway(self) -> KubernetesSpec:
