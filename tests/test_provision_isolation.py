@@ -297,3 +297,26 @@ def test_the_gateway_listens_on_every_address_of_its_pod_ipv6_included(tmp_path:
     hosts = pod_hosts({"POD_IPS": "10.244.0.2,fd00:10:244::2"}, resolve=lambda _: [])
     assert hosts[:2] == ["10.244.0.2", "fd00:10:244::2"] and "0.0.0.0" not in hosts and "::" not in hosts
     assert "--in-cluster" in container["command"]
+
+
+def test_an_executable_shipped_file_stays_executable_in_every_pod(tmp_path: Path) -> None:
+    # A ConfigMap volume makes files 0644 unless an item says otherwise: `./agent.sh` would fail with "permission
+    # denied" in the rollout pods (and the trainer's, for a grader script).
+    config = write_project(tmp_path, agent={"command": "./agent.sh {task_file} {output_file}", "timeout_s": 60},
+                           runner="local", kubernetes=None)  # no agent image: the agent's files are shipped
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\necho hi > \"$2\"\n")
+    script.chmod(0o755)
+    manifests = dry_run(load_target(config), options()).manifests
+    job = rollout_job(manifests, tmp_path)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    items = next(v["configMap"]["items"] for v in volumes.values() if "configMap" in v)
+    by_path = {i["path"]: i for i in items}
+    assert by_path["agent.sh"].get("mode") == 0o555
+    assert "mode" not in by_path["agl.yaml"]  # the rest stays read-only, as the volume's default says
+    trainer = _of(manifests, "Job")[0]["spec"]["template"]["spec"]
+    project = next(v for v in trainer["volumes"] if v["name"] == "project")
+    assert {i["path"]: i.get("mode") for i in project["configMap"]["items"]}["agent.sh"] == 0o555
+    with pytest.raises(ValueError, match="mode"):
+        KubernetesSpec.model_validate({**cluster_spec(manifests).model_dump(), "project": {
+            "config_map": "c", "items": [{"key": "k", "path": "a.sh", "mode": 0o4755}]}})

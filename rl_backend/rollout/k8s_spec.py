@@ -130,7 +130,8 @@ class ProjectSpec(_Strict):
     sees (knob files, and the agent's code when no agent image is given)."""
 
     config_map: str = Field(description="the ConfigMap holding the project's files")
-    items: list[dict[str, str]] = Field(min_length=1, description="{key, path}: ConfigMap key to relative path")
+    items: list[dict[str, Any]] = Field(min_length=1, description="{key, path[, mode]}: ConfigMap key to relative "
+                                        "path (mode: the file's permission bits, e.g. 365 = 0o555 for a script)")
     mount_path: str = Field(default="/etc/agl/project", description="where rollout pods see the files (absolute)")
 
     @field_validator("items")
@@ -138,8 +139,12 @@ class ProjectSpec(_Strict):
     def _items(cls, value: list[dict[str, str]]) -> list[dict[str, str]]:
         for item in value:
             path = item.get("path", "")
-            if set(item) != {"key", "path"} or not path or path.startswith("/") or ".." in path.split("/"):
-                raise ValueError(f"{item!r}: each item is {{key, path}} with a relative path inside the folder")
+            if (not {"key", "path"} <= set(item) <= {"key", "path", "mode"} or not isinstance(path, str) or not path
+                    or path.startswith("/") or ".." in path.split("/")):
+                raise ValueError(f"{item!r}: each item is {{key, path[, mode]}} with a relative path inside the folder")
+            mode = item.get("mode", 0)
+            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+                raise ValueError(f"{item!r}: mode is permission bits between 0 and 0o777 (511)")
         return value
 
     @field_validator("mount_path")
