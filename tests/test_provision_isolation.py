@@ -320,3 +320,36 @@ def test_an_executable_shipped_file_stays_executable_in_every_pod(tmp_path: Path
     with pytest.raises(ValueError, match="mode"):
         KubernetesSpec.model_validate({**cluster_spec(manifests).model_dump(), "project": {
             "config_map": "c", "items": [{"key": "k", "path": "a.sh", "mode": 0o4755}]}})
+
+
+def test_the_templates_agl_yaml_names_reach_the_cluster(tmp_path: Path) -> None:
+    from tests.test_provision_support import AGL_YAML
+
+    (tmp_path / "k8s").mkdir()
+    from rl_backend.rollout.k8s_manifest import templates_dir
+
+    job_text = (templates_dir() / "k8s" / "job.yaml.j2").read_text()
+    (tmp_path / "k8s" / "my-job.yaml.j2").write_text(job_text.replace("spec:\n", "spec:\n  # custom\n", 1))
+    policy_text = (templates_dir() / "k8s" / "networkpolicy.yaml.j2").read_text()
+    (tmp_path / "k8s" / "my-policy.yaml.j2").write_text(
+        policy_text.replace("  labels: {{ labels | json }}", "  labels: {{ dict(labels, team='rl') | json }}"))
+    section = {**AGL_YAML["kubernetes"], "job_template": "k8s/my-job.yaml.j2",
+               "network_policy": {"template": "k8s/my-policy.yaml.j2"}}
+    manifests = dry_run(load_target(write_project(tmp_path, kubernetes=section)), options()).manifests
+    # The rollout controller in the trainer's pod reads the Job template next to the cluster's agl.yaml: shipped.
+    config = _of(manifests, "ConfigMap")[0]
+    shipped = {i["path"]: config["data"][i["key"]] for i in config_items(manifests)}
+    assert shipped["k8s/my-job.yaml.j2"] == (tmp_path / "k8s" / "my-job.yaml.j2").read_text()
+    assert cluster_spec(manifests).job_template == "k8s/my-job.yaml.j2"
+    # The provision renders the rollout pods' policy itself: from the user's template, not silently from agl's.
+    egress = next(p for p in _of(manifests, "NetworkPolicy") if p["metadata"]["name"] == NAMES.rollout_egress)
+    assert egress["metadata"]["labels"]["team"] == "rl"
+    section["job_template"] = "k8s/missing.yaml.j2"
+    with pytest.raises(ProvisionError, match="missing.yaml.j2") as missing:
+        dry_run(load_target(write_project(tmp_path, kubernetes=section)), options())
+    assert missing.value.exit_code == 2
+
+
+def config_items(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    job = _of(manifests, "Job")[0]["spec"]["template"]["spec"]
+    return next(v for v in job["volumes"] if v["name"] == "project")["configMap"]["items"]

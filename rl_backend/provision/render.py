@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rl_backend.provision.options import ANNOTATION_PROVISION, ANNOTATION_SPEC_HASH, Names, ProvisionError
@@ -49,20 +50,23 @@ def kind_name(manifest: Mapping[str, Any]) -> str:
     return f"{manifest.get('kind')}/{(manifest.get('metadata') or {}).get('name')}"
 
 
-def _render(template: str, context: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    source = template if "/" in template else f"{TEMPLATES}/{template}"
+def _render(template: str | Path, context: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    source = template if isinstance(template, Path) or "/" in template else f"{TEMPLATES}/{template}"
     try:
-        return load_manifest(render_template(source, **{**context, **extra}), source)
-    except ManifestError as exc:
-        raise ProvisionError(str(exc)) from None
+        return load_manifest(render_template(source, **{**context, **extra}), str(source))
+    except ManifestError as exc:  # a template of the user's (or a value agl.yaml put in one): fix and re-run
+        raise ProvisionError(str(exc), exit_code=2) from None
 
 
-def _rollout_egress(context: dict[str, Any], policy: NetworkPolicySpec) -> dict[str, Any]:
+def _rollout_egress(context: dict[str, Any], policy: NetworkPolicySpec, base_dir: Path | None) -> dict[str, Any]:
     """The rollout pods' egress: the train's gateway (its pods, in this namespace) and DNS, plus what agl.yaml's
     `kubernetes.network_policy.allow_egress` opens; nothing else (no metadata server, no API server, no other pod).
-    The same template the rollout controller renders for a run."""
+    The same template the rollout controller renders for a run, or the user's `network_policy.template`."""
     names: Names = context["names"]
-    return _render("k8s/networkpolicy.yaml.j2", context, name=names.rollout_egress, labels=names.labels("rollout"),
+    template: str | Path = "k8s/networkpolicy.yaml.j2"
+    if policy.template:
+        template = ((base_dir or Path(".")) / policy.template).resolve()
+    return _render(template, context, name=names.rollout_egress, labels=names.labels("rollout"),
                    pod_selector=names.component("rollout"), gateway_cidrs=[],
                    gateway_pod_selector=names.component("gateway"), gateway_namespace_selector=None,
                    gateway_port=context["gateway_port"], dns=dns_context(policy.dns_rule()),
@@ -74,7 +78,7 @@ OPEN_ROLLOUTS_NOTE = ("kubernetes.network_policy.enabled is false: the rollout p
 
 
 def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_version: str,
-               rollout_policy: NetworkPolicySpec | None = None) -> Rendered:
+               rollout_policy: NetworkPolicySpec | None = None, base_dir: Path | None = None) -> Rendered:
     names: Names = context["names"]
     topology: Topology = context["topology"]
     options = context["options"]
@@ -95,7 +99,7 @@ def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_versi
     # Rollout pods run untrusted agent code: closed by default, opened only as far as agl.yaml says.
     rollout_policy = rollout_policy if rollout_policy is not None else NetworkPolicySpec()
     if rollout_policy.enabled:
-        docs.append(_rollout_egress(context, rollout_policy))
+        docs.append(_rollout_egress(context, rollout_policy, base_dir))
     docs += [
         # Not --storage-class: that one is the checkpoints' (a network filesystem for a RayJob), where SQLite's
         # WAL cannot live.

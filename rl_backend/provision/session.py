@@ -119,7 +119,7 @@ def render_train(target: TrainTarget, options: ProvisionOptions, rayjob_installe
     )
     version = options.kubernetes_version or (spec.kubernetes_version if spec else DEFAULT_KUBERNETES_VERSION)
     rendered = render_all(context, withheld=local_key_values(refs), kubernetes_version=version,
-                          rollout_policy=spec.network_policy if spec else None)
+                          rollout_policy=spec.network_policy if spec else None, base_dir=target.base_dir)
     rendered.notes += source.notes
     for name in [n for n, u in target.upstreams.items() if u.kind == "embedded"]:
         rendered.notes.append(f"upstream {name!r} is embedded: in the cluster it is the policy being trained, served "

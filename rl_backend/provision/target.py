@@ -133,6 +133,10 @@ def carried_files(target: TrainTarget, names: Names, namespace: str, include: li
     wanted = [(raw, "a file named in agl.yaml") for raw in target.files]
     wanted += [(raw, "the code rollouts or the grader run") for raw in source.files]
     wanted += [(raw, "--include") for raw in include]
+    spec = target.kubernetes
+    if spec is not None and spec.job_template:
+        # The rollout controller in the trainer's pod renders every Job from it, next to the cluster's agl.yaml.
+        wanted.append((spec.job_template, "kubernetes.job_template"))
     for raw, what in wanted:
         relative, path = _relative(base, raw, what)
         if not path.exists():
