@@ -262,3 +262,20 @@ def test_converted_models_land_on_the_volume_every_trainer_pod_mounts(args: list
         claim = next(v for v in pod["volumes"] if v["name"] == "checkpoints")["persistentVolumeClaim"]["claimName"]
         assert claim == NAMES.checkpoints
         assert cache_root().is_relative_to(volume), (cache_root(), volume)
+
+
+def test_a_trainer_jobs_policy_servers_listen_where_the_gateway_pod_reaches_them() -> None:
+    # The Job's pod starts a Ray of its own; its policy servers used to listen on loopback, which the gateway (in
+    # its own pod) cannot reach. The pod names its address, and the trainer's own Ray keeps it.
+    from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV, own_ray_policy_host
+
+    job = next(m for m in _plan()["manifests"] if m["kind"] == "Job")
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[POLICY_HOST_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert own_ray_policy_host({POLICY_HOST_ENV: "10.244.0.10"}) == "10.244.0.10"
+    assert own_ray_policy_host({}) == "127.0.0.1"  # a laptop's train: its own gateway only
+    rayjob = next(m for m in _plan("--gpus", "16")["manifests"] if m["kind"] == "RayJob")
+    for group in (rayjob["spec"]["rayClusterSpec"]["headGroupSpec"],
+                  rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]):
+        names = {e["name"] for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert POLICY_HOST_ENV not in names  # a RayJob's servers take their node's address from Ray

@@ -152,6 +152,10 @@ def trainer_env(names: Names, namespace: str, topology: Topology) -> list[dict[s
     }
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in fixed.items()]
     env.append({"name": "AGL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
+    if topology.kind == "job":
+        # The Job's pod runs a Ray of its own, whose policy servers would listen on loopback: the gateway is another
+        # pod, so they listen on this pod's address (netpol-policy.yaml.j2 lets only the gateway in).
+        env.append({"name": "AGL_POLICY_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env.append(_secret_env(ADMIN_TOKEN_ENV, names.admin_secret, "token"))
     env.append(_secret_env(POLICY_KEY_ENV, names.policy_key, "token"))
     return env
