@@ -135,7 +135,8 @@ def test_a_failed_job_without_a_pod_says_why(tmp_path: Path) -> None:
 
 def test_deadline_exceeded_is_a_timeout(tmp_path: Path) -> None:
     async def play(server: kmock.KubernetesEmulator, logs: PodLogs, job: dict[str, Any]) -> None:
-        assert job["spec"]["activeDeadlineSeconds"] == 2 + 30  # the timeout plus the startup allowance
+        # the timeout, the startup allowance, the wait for a node
+        assert job["spec"]["activeDeadlineSeconds"] == 2 + 30 + 300
         await _play_kubelet(server, logs, job, outcome="deadline", exit_code=None)
 
     result, _, _ = asyncio.run(_with_one(tmp_path, play, timeout_s=2))
@@ -149,7 +150,7 @@ def test_agl_ends_a_job_the_cluster_never_ends(tmp_path: Path) -> None:
 
     started = time.monotonic()
     result, _, remaining = asyncio.run(_with_one(
-        tmp_path, play, timeout_s=0.5, startup_allowance_s=0, deadline_grace_s=0.5))
+        tmp_path, play, timeout_s=0.5, startup_allowance_s=0, unschedulable_after_s=0, deadline_grace_s=0.5))
     assert result.timed_out and "did not end" in result.stderr_tail
     assert remaining == [] and time.monotonic() - started < 10
 

@@ -76,7 +76,7 @@ def test_rollouts_run_as_jobs_end_to_end(tmp_path: Path) -> None:
 
 def test_a_rollout_past_its_deadline_is_killed_and_timed_out(tmp_path: Path) -> None:
     tasks = [{"id": "slow", "sleep": 30, "timeout": 1}]
-    results, jobs, kubelet, _ = asyncio.run(_run_all(tmp_path, tasks, startup_allowance_s=0))
+    results, jobs, kubelet, _ = asyncio.run(_run_all(tmp_path, tasks, startup_allowance_s=0, unschedulable_after_s=0))
     (slow,) = results
     assert slow.timed_out and slow.exit_code is None
     assert "agent starting slow" in slow.stdout_tail

@@ -45,7 +45,7 @@ def _project(folder: Path, api_url: str) -> None:
         "tasks": {"path": "tasks.jsonl"}, "grader": {"command": "{python} grade.py {task_file} {output_file}"},
         "runner": "kubernetes",
         "kubernetes": {"image": "agent:1", "kubeconfig": "kubeconfig", "workdir": str(folder),
-                       "startup_allowance_s": 0, "create_qps": 50},
+                       "startup_allowance_s": 0, "unschedulable_after_s": 0, "create_qps": 50},
     }
     (folder / "agl.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
 

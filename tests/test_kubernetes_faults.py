@@ -34,7 +34,7 @@ RUN = "20261201-080000-ab12"
 pytestmark = pytest.mark.timeout(60)
 # Short enough to keep the tests fast, long enough for kmock on a loaded 2-core machine.
 FAST = {"request_timeout_s": 0.5, "api_backoff_max_s": 0.2, "pod_check_s": 0.1, "unstartable_after_s": 0.6,
-        "watch_timeout_s": 1}
+        "unschedulable_after_s": 0.6, "watch_timeout_s": 1}
 
 
 def _spec(**overrides: Any) -> KubernetesSpec:
@@ -82,7 +82,7 @@ def test_an_api_that_never_answers_ends_the_run_with_a_clear_message(tmp_path: P
 def test_a_rollout_ends_at_its_deadline_when_the_api_stops_answering(tmp_path: Path) -> None:
     async def scenario() -> tuple[Any, float]:
         async with proxied_api() as (server, api, proxy), \
-                _controller(api, startup_allowance_s=0, deadline_grace_s=0.5) as controller:
+                _controller(api, startup_allowance_s=0, unschedulable_after_s=0, deadline_grace_s=0.5) as controller:
             started = time.monotonic()
             running = asyncio.create_task(controller.run(make_job(tmp_path, "r1-1", {"id": "t"}, timeout_s=1)))
             await wait_for_jobs(server, 1)
@@ -189,6 +189,32 @@ def test_a_pod_that_cannot_start_fails_its_rollout_within_seconds(tmp_path: Path
     assert jobs == []
 
 
+def test_an_unschedulable_pod_waits_for_the_autoscaler_as_long_as_agl_yaml_says(tmp_path: Path) -> None:
+    # A cluster autoscaler takes minutes to add a node: Unschedulable is given `unschedulable_after_s`, not the
+    # seconds an image pull error gets, and the Job's deadline leaves the agent its whole timeout after that wait.
+    async def scenario() -> tuple[bool, Any, float, int]:
+        async with kube_api() as (server, api), _controller(api, unschedulable_after_s=2.5) as controller:
+            started = time.monotonic()
+            running = asyncio.create_task(controller.run(make_job(tmp_path, "r1-1", {"id": "t"}, timeout_s=120)))
+            (created,) = await wait_for_jobs(server, 1)
+            await _watching(controller)
+            pod = await create_pod(server, created)
+            await patch_status(server, "job", created["metadata"]["name"], {"active": 1})
+            await patch_status(server, "pod", pod, {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/3 nodes are available: 3 Insufficient cpu."}]})
+            await asyncio.sleep(1.5)  # past unstartable_after_s (0.6): still waiting for a node
+            waiting = not running.done()
+            result = await asyncio.wait_for(running, 20)
+            return waiting, result, time.monotonic() - started, created["spec"]["activeDeadlineSeconds"]
+
+    waiting, result, took, deadline = asyncio.run(scenario())
+    assert waiting and 2.5 <= took < 10
+    assert "could not start: Unschedulable: 0/3 nodes are available" in result.stderr_tail
+    assert deadline == 120 + 30 + 3  # timeout + startup allowance + the wait for a node (rounded up)
+    assert KubernetesSpec.model_fields["unschedulable_after_s"].default >= 300  # minutes, as autoscalers take
+
+
 def test_jobs_a_crashed_process_left_are_adopted_on_resume(tmp_path: Path) -> None:
     async def scenario() -> tuple[list[str], int]:
         async with kube_api() as (server, api):
@@ -238,11 +264,15 @@ def test_a_clusterip_in_an_ipblock_is_refused(tmp_path: Path) -> None:
     assert "gateway_pod_selector" in str(error)
 
 
+KUBE_SYSTEM = {"kubernetes.io/metadata.name": "kube-system"}
+
+
 @pytest.mark.parametrize(("dns", "peers", "ports"), [
-    (True, [{"namespaceSelector": {"matchLabels": {}}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+    # kube-system's DNS pods only: a pod elsewhere labelled k8s-app: kube-dns gets no lookups.
+    (True, [{"namespaceSelector": {"matchLabels": KUBE_SYSTEM}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
      [53]),
     ({"cidrs": ["169.254.20.10/32"]},  # NodeLocal DNSCache, next to the cluster's DNS pods
-     [{"namespaceSelector": {"matchLabels": {}}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
+     [{"namespaceSelector": {"matchLabels": KUBE_SYSTEM}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
       {"ipBlock": {"cidr": "169.254.20.10/32"}}], [53]),
     ({"namespace_selector": {"kubernetes.io/metadata.name": "openshift-dns"},  # OpenShift's DNS listens on 5353
       "pod_selector": {"dns.operator.openshift.io/daemonset-dns": "default"}, "ports": [5353]},

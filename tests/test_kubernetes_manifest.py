@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from rl_backend.netaddr import is_own_address
 from rl_backend.rollout.k8s_env import PodEnvError, UnreachableGatewayError, build_pod_env, pod_env
 from rl_backend.rollout.k8s_manifest import (
     LABEL_ROLLOUT,
@@ -136,7 +138,7 @@ def test_the_job_manifest_has_agls_invariants_and_a_restrictive_pod(tmp_path: Pa
         assert labels[LABEL_VARIANT] == label_value("temperature=0.7")
     assert meta["annotations"]["agl.dev/variant"] == "temperature=0.7"
     assert job_spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
-    assert job_spec["activeDeadlineSeconds"] == math.ceil(42.5 + spec.startup_allowance_s)
+    assert job_spec["activeDeadlineSeconds"] == math.ceil(42.5 + spec.startup_allowance_s + spec.unschedulable_after_s)
     assert job_spec["ttlSecondsAfterFinished"] == 120
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -256,7 +258,12 @@ def test_the_token_bucket_paces_acquisitions() -> None:
 
 
 def test_the_gateway_listens_where_pods_can_reach_it() -> None:
-    assert _spec().listen_address() == ("0.0.0.0", 8400)
+    assert _spec().listen_address() == ("0.0.0.0", 8400)  # 10.1.2.3 is not this machine's: NATed, any interface
+    # This machine's own address: only there, not on every interface (public Wi-Fi included).
+    assert _spec(gateway_url="http://127.0.0.1:8400").listen_address() == ("127.0.0.1", 8400)
+    if socket.has_ipv6 and is_own_address("::1"):
+        assert _spec(gateway_url="http://[::1]:8400").listen_address() == ("::1", 8400)
+    assert _spec(gateway_url="http://[fd00:7::7]:8400").listen_address() == ("::", 8400)  # IPv6: bound on IPv6
     assert _spec(gateway_listen="10.1.2.3:9000").listen_address() == ("10.1.2.3", 9000)
     assert KubernetesSpec(image="a").listen_address() is None
     with pytest.raises(ValidationError, match="host:port"):

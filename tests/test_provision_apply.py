@@ -44,7 +44,8 @@ EXPECTED = [
     ("ConfigMap", "agl-calc-config"), ("ServiceAccount", "agl-calc-controller"), ("Role", "agl-calc-controller"),
     ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("Secret", "agl-calc-policy-key"),
     ("NetworkPolicy", "agl-calc-gateway-ingress"), ("NetworkPolicy", "agl-calc-policy-ingress"),
-    ("PersistentVolumeClaim", "agl-calc-gateway-store"), ("PersistentVolumeClaim", "agl-calc-checkpoints"),
+    ("NetworkPolicy", "agl-calc-rollout-egress"), ("PersistentVolumeClaim", "agl-calc-gateway-store"),
+    ("PersistentVolumeClaim", "agl-calc-checkpoints"),
     ("Service", "agl-calc-gateway"), ("PodDisruptionBudget", "agl-calc-gateway"),
     ("PodDisruptionBudget", "agl-calc-trainer"), ("Deployment", "agl-calc-gateway"), ("Job", "agl-calc-trainer"),
 ]

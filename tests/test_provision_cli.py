@@ -65,14 +65,14 @@ def test_provision_status_and_stop_from_the_command_line(tmp_path: Path) -> None
     provisioned, status, by_config, stopped, remaining = asyncio.run(scenario())
     assert provisioned.exit_code == 0, provisioned.output
     summary: dict[str, Any] = json.loads(provisioned.stdout)
-    assert summary["outcome"] == "ready" and summary["trainer"]["kind"] == "Job" and len(summary["objects"]) == 15
+    assert summary["outcome"] == "ready" and summary["trainer"]["kind"] == "Job" and len(summary["objects"]) == 16
     assert ADMIN_TOKEN not in provisioned.output  # (the CLI generates its own token; none is ever printed)
     assert "token" not in provisioned.stdout.lower()
     document = json.loads(status.stdout)
     assert document["phase"] == "running" and document["last_metrics"] == {"step": 3, "reward": 0.5}
     assert by_config.exit_code == 0 and "train calc (namespace default): running" in by_config.stdout
     deleted = json.loads(stopped.stdout)["deleted"]
-    assert len(deleted) == 15 and deleted[0] == "Job/agl-calc-trainer"
+    assert len(deleted) == 16 and deleted[0] == "Job/agl-calc-trainer"
     assert {n for n in remaining if not n.startswith(("Pod/", "EndpointSlice/"))} == {"Secret/agl-upstream-keys"}
 
 

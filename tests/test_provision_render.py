@@ -24,11 +24,13 @@ from rl_backend.provision.session import dry_run, render_train
 from rl_backend.rollout.k8s_manifest import validate_schema
 from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture
     AGL_YAML,
+    KUBERAY_NS,
     NAMES,
     UPSTREAM_KEY,
     cluster,
     consoles,
     fast_schemas,
+    get,
     load_target,
     options,
     pod_for,
@@ -70,7 +72,7 @@ def test_dry_run_prints_every_manifest_and_each_validates(tmp_path: Path, monkey
     kinds = [d["kind"] for d in docs]
     rayjob = extra != []
     assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "Secret", "NetworkPolicy",
-                     "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "PersistentVolumeClaim",
+                     "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "NetworkPolicy", "PersistentVolumeClaim",
                      "PersistentVolumeClaim", "Service", "PodDisruptionBudget", "PodDisruptionBudget", "Deployment",
                      "RayJob" if rayjob else "Job"]
     for doc in docs:
@@ -87,7 +89,7 @@ def test_dry_run_json_holds_the_manifests(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), [str(write_project(tmp_path)), "--on=kubernetes", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 15
+    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 16
     assert document["trainer"]["kind"] == "Job"
 
 
@@ -163,7 +165,7 @@ def test_the_trainer_topology(tmp_path: Path) -> None:
     many = dry_run(target, options(gpus=16))
     rayjob = _by_kind(many.manifests)["RayJob"][0]["spec"]
     (workers,) = rayjob["rayClusterSpec"]["workerGroupSpecs"]
-    assert workers["replicas"] == 2 and workers["rayStartParams"] == {"num-gpus": "8"}
+    assert workers["replicas"] == 2 and workers["rayStartParams"]["num-gpus"] == "8"
     assert workers["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     head = rayjob["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head["serviceAccountName"] == NAMES.controller  # the driver (and rollout controller) runs on the head
@@ -212,11 +214,36 @@ def test_with_kuberay_the_trainer_is_a_rayjob_and_is_up_with_its_head_and_worker
             await asyncio.sleep(0.3)
             assert not task.done()  # one of two workers
             await pod_for(server, cluster_spec["workerGroupSpecs"][0]["template"], "agl-calc-trainer-worker-2")
-            return await asyncio.wait_for(task, 30)
+            result = await asyncio.wait_for(task, 30)
+            return result, await get(server, "NetworkPolicy", NAMES.ray_ingress)
 
-    result = asyncio.run(scenario())
+    result, ray_policy = asyncio.run(scenario())
     assert result.outcome == "ready" and result.topology.kind == "rayjob" and result.topology.nodes == 2
     assert ("RayJob", NAMES.trainer, "created") in [(s.kind, s.name, s.action) for s in result.steps]
+    # The dashboard admits the operator from the namespace it was found in, not a look-alike from anywhere.
+    operator_peer = ray_policy["spec"]["ingress"][1]["from"][1]
+    assert operator_peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": KUBERAY_NS}}
+
+
+def test_a_rayjob_without_a_kuberay_operator_to_find_is_refused_before_anything_is_applied(tmp_path: Path) -> None:
+    target = load_target(write_project(tmp_path))
+    err, out, _, _ = consoles()
+
+    async def scenario() -> Any:
+        async with cluster(kuberay=True) as (server, api, _):
+            del server.objects["apps/v1/deployments", KUBERAY_NS, "kuberay-operator"]
+            with pytest.raises(ProvisionError) as failure:
+                await asyncio.wait_for(run_provision(api, target, options(gpus=16), err, out), 30)
+            return failure.value, await get(server, "ConfigMap")
+
+    error, config_maps = asyncio.run(scenario())
+    assert error.exit_code == 2 and "kuberay-operator" in error.message and "--kuberay-namespace" in str(error)
+    assert config_maps == []
+    # Named explicitly, it is used as given.
+    manifests = dry_run(target, options(gpus=16, kuberay_namespace="kuberay")).manifests
+    ray_policy = next(m for m in manifests if m["metadata"]["name"] == NAMES.ray_ingress)
+    assert ray_policy["spec"]["ingress"][1]["from"][1]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "kuberay"}
 
 
 def test_agl_train_routes_to_the_local_or_the_cluster_command(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from tests.helpers.kubelet import PodLogs, now
 
 _ORIGINAL_SCHEMA = kubernetes_validate.utils.schema_contents
 NS = "default"
+KUBERAY_NS = "ray-system"
 UPSTREAM_KEY = "sk-upstream-REAL-KEY-never-in-a-manifest-7c6b5a"
 ADMIN_TOKEN = "admin-token-for-tests-0f1e2d3c4b5a69788796"
 POLICY_KEY = "policy-key-for-tests-a1b2c3d4e5f60718293a"
@@ -45,7 +46,7 @@ RESOURCES = {
     "rbac.authorization.k8s.io/v1/rolebindings": True, "v1/secrets": True, "v1/configmaps": True,
     "v1/persistentvolumeclaims": True, "v1/services": True, "apps/v1/deployments": True, "batch/v1/jobs": True,
     "v1/pods": True, "v1/events": True, "discovery.k8s.io/v1/endpointslices": True,
-    "networking.k8s.io/v1/networkpolicies": True, "policy/v1/poddisruptionbudgets": True,
+    "networking.k8s.io/v1/networkpolicies": True, "policy/v1/poddisruptionbudgets": True, "apps/v1/daemonsets": True,
 }
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
 PATHS = {
@@ -141,6 +142,11 @@ async def cluster(*, kuberay: bool = False, user_keys: bool = True,
             server.objects[CRDS, None, "rayjobs.ray.io"] = {
                 "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                 "metadata": {"name": "rayjobs.ray.io"}}
+            # The operator's Deployment, as KubeRay's Helm chart labels it: the provision looks up its namespace.
+            server.objects["apps/v1/deployments", KUBERAY_NS, "kuberay-operator"] = {
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "kuberay-operator", "namespace": KUBERAY_NS,
+                             "labels": {"app.kubernetes.io/name": "kuberay-operator"}}}
         if user_keys:
             server.objects["v1/secrets", NS, "agl-upstream-keys"] = {
                 "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "agl-upstream-keys", "namespace": NS},

@@ -15,7 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from agl_cli.main import app
+from rl_backend.provision.plan import TRAINER_RUNS
 from rl_backend.provision.rayjob_schema import SCHEMA_FILE, validate_rayjob
+from rl_backend.provision.readiness import trainer_check, trainer_finished
 from rl_backend.rollout.k8s_manifest import ManifestError, validate_schema
 from tests.helpers import REPO
 from tests.test_provision_isolation import _of, cluster_spec, rollout_job
@@ -96,10 +98,50 @@ def test_training_flags_are_checked_before_anything_is_rendered(flags: list[str]
     assert result.stdout == ""
 
 
+def _runs(trainer: dict[str, Any]) -> int:
+    """How many times the trainer runs before its controller gives up. A Job whose pod restarts OnFailure fails once
+    its containers' restarts reach backoffLimit (the restart that reaches it is killed: backoffLimit runs); with
+    restartPolicy Never, once failed pods exceed it (backoffLimit + 1 runs). KubeRay retries a RayJob while
+    status.failed < backoffLimit + 1 (backoffLimit + 1 runs)."""
+    limit = int(trainer["spec"]["backoffLimit"])
+    if trainer["kind"] == "RayJob":
+        return limit + 1
+    return limit if trainer["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure" else limit + 1
+
+
 def test_the_trainer_job_and_the_rayjob_retry_alike() -> None:
     job = next(m for m in _plan()["manifests"] if m["kind"] == "Job")
     rayjob = next(m for m in _plan("--gpus", "16")["manifests"] if m["kind"] == "RayJob")
-    assert job["spec"]["backoffLimit"] == rayjob["spec"]["backoffLimit"] == 3
+    assert _runs(job) == _runs(rayjob) == TRAINER_RUNS == 3
+
+
+def test_the_ray_cluster_goes_away_soon_after_the_train_ends() -> None:
+    # shutdownAfterJobFinishes deletes the RayCluster ttlSecondsAfterFinished after the job ends: its GPU workers are
+    # held that long for nothing. A minute lets `agl train` read the last metrics; an hour cost an hour of GPUs.
+    rayjob = next(m for m in _plan("--gpus", "16")["manifests"] if m["kind"] == "RayJob")
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
+    assert 0 <= rayjob["spec"]["ttlSecondsAfterFinished"] <= 120
+
+
+@pytest.mark.parametrize(("status", "finished"), [
+    # KubeRay 1.7: an attempt failed and another is coming (backoffLimit not reached): not over.
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Retrying", "failed": 1}, None),
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Running", "failed": 1}, None),  # before the operator decides
+    ({"jobStatus": "", "jobDeploymentStatus": "Initializing", "failed": 2}, None),  # the next attempt's cluster
+    ({"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}, None),
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Failed", "failed": 3, "reason": "BackoffLimitExceeded"},
+     ("failed", "FAILED: BackoffLimitExceeded")),
+    ({"jobStatus": "FAILED", "jobDeploymentStatus": "Complete"}, ("failed", "FAILED")),  # KubeRay before backoffLimit
+    ({"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete"}, ("succeeded", "")),
+    ({"jobDeploymentStatus": "ValidationFailed", "message": "bad spec"}, ("failed", "ValidationFailed: bad spec")),
+])
+def test_a_retrying_rayjob_is_not_over(status: dict[str, Any], finished: Any) -> None:
+    rayjob = {"kind": "RayJob", "status": status}
+    assert trainer_finished(rayjob) == finished
+    check = trainer_check(rayjob, [], name=NAMES.trainer, kind="RayJob", nodes=2)
+    assert (check.failure is not None) == (finished is not None and finished[0] == "failed")
+    if status.get("jobDeploymentStatus") == "Retrying":
+        assert "attempt 1 of 3 failed" in check.detail and "retrying" in check.detail
 
 
 @pytest.mark.parametrize(("args", "kind", "access"), [
@@ -188,8 +230,52 @@ def test_the_calc_example_renders_a_coherent_validated_plan(tmp_path: Path, args
     access = next(m for m in manifests if m["metadata"]["name"] == NAMES.checkpoints)["spec"]["accessModes"]
     assert access == ["ReadWriteMany" if nodes > 1 else "ReadWriteOnce"]
     policies = {m["metadata"]["name"] for m in _of(manifests, "NetworkPolicy")}
-    assert policies == {"agl-calc-gateway-ingress", "agl-calc-policy-ingress",
+    assert policies == {"agl-calc-gateway-ingress", "agl-calc-policy-ingress", "agl-calc-rollout-egress",
                         *(["agl-calc-ray-ingress"] if nodes > 1 else [])}
     copied = yaml.safe_load(next(v for k, v in _of(manifests, "ConfigMap")[0]["data"].items()
                                  if k.endswith("agl.yaml")))
     assert copied["runner"] == "kubernetes"
+
+
+@pytest.mark.parametrize("args", [[], ["--gpus", "16"]])
+def test_converted_models_land_on_the_volume_every_trainer_pod_mounts(args: list[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Known models are converted once into the model cache; with HOME=/tmp (an emptyDir of one pod) the RayJob's
+    # GPU workers got a path that existed on the head only. The cache must be on the shared checkpoint volume.
+    from rl_backend.serving.model_store import cache_root
+
+    pods = []
+    for manifest in _plan(*args)["manifests"]:
+        if manifest["kind"] == "Job":
+            pods.append(manifest["spec"]["template"]["spec"])
+        if manifest["kind"] == "RayJob":
+            cluster = manifest["spec"]["rayClusterSpec"]
+            pods += [cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]]
+    assert pods
+    for pod in pods:
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        for key, value in env.items():
+            if value is not None:
+                monkeypatch.setenv(key, value)
+        volume = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "checkpoints")
+        claim = next(v for v in pod["volumes"] if v["name"] == "checkpoints")["persistentVolumeClaim"]["claimName"]
+        assert claim == NAMES.checkpoints
+        assert cache_root().is_relative_to(volume), (cache_root(), volume)
+
+
+def test_a_trainer_jobs_policy_servers_listen_where_the_gateway_pod_reaches_them() -> None:
+    # The Job's pod starts a Ray of its own; its policy servers used to listen on loopback, which the gateway (in
+    # its own pod) cannot reach. The pod names its address, and the trainer's own Ray keeps it.
+    from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV, own_ray_policy_host
+
+    job = next(m for m in _plan()["manifests"] if m["kind"] == "Job")
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[POLICY_HOST_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert own_ray_policy_host({POLICY_HOST_ENV: "10.244.0.10"}) == "10.244.0.10"
+    assert own_ray_policy_host({}) == "127.0.0.1"  # a laptop's train: its own gateway only
+    rayjob = next(m for m in _plan("--gpus", "16")["manifests"] if m["kind"] == "RayJob")
+    for group in (rayjob["spec"]["rayClusterSpec"]["headGroupSpec"],
+                  rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]):
+        names = {e["name"] for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert POLICY_HOST_ENV not in names  # a RayJob's servers take their node's address from Ray

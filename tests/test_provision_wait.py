@@ -222,7 +222,7 @@ def test_status_of_a_running_train(tmp_path: Path) -> None:
     assert [c["state"] for c in status["checks"]] == ["ready", "ready", "ready"]
     assert status["trainer"] == {"kind": "Job", "name": NAMES.trainer, "nodes": 1, "gpus_per_node": 1}
     assert status["last_metrics"] == {"step": 7, "reward": 0.75}
-    assert len(status["objects"]) == 15
+    assert len(status["objects"]) == 16
 
 
 def _resources(api: Any) -> Any:

@@ -89,6 +89,11 @@ def provision(spec: ExperimentSpec, options: ProvisionOptions, *, config: Path |
             sys.stdout.flush()
         console.print(f"{len(result.manifests)} manifests rendered and validated; nothing was applied (--dry-run)")
         return result
+    if result.outcome == "preflight":
+        if options.json_output:
+            print_json({**result.summary(), "manifests": result.manifests})
+        console.print(f"preflight: {result.detail}", markup=False, highlight=False)
+        return result
     if options.json_output and options.follow:
         import json
         import sys
@@ -199,6 +204,13 @@ def k8s_command(
     checkpoint_size: Annotated[str, typer.Option(help="Size of the checkpoint volume.")] = "200Gi",
     store_size: Annotated[str, typer.Option(help="Size of the gateway's store volume.")] = "10Gi",
     storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of both volumes (a RayJob trainer needs one that offers ReadWriteMany).")] = None,  # noqa: UP045,E501
+    store_storage_class: Annotated[Optional[str], typer.Option(help="StorageClass of the gateway's SQLite store: a block class, never NFS (default: the cluster's default).")] = None,  # noqa: UP045,E501
+    trainer_cpu: Annotated[Optional[str], typer.Option(help="CPU request of each pod holding GPUs (default 4 per GPU).")] = None,  # noqa: UP045,E501
+    trainer_memory: Annotated[Optional[str], typer.Option(help="Memory request of each pod holding GPUs (default 24Gi per GPU).")] = None,  # noqa: UP045,E501
+    node_selector: Annotated[Optional[list[str]], typer.Option("--node-selector", help="KEY=VALUE: a label the GPU nodes carry (GKE Autopilot: cloud.google.com/gke-accelerator=nvidia-l4); repeat.")] = None,  # noqa: UP045,E501
+    toleration: Annotated[Optional[list[str]], typer.Option("--toleration", help="KEY[=VALUE][:EFFECT]: a taint of the GPU nodes the trainer tolerates; repeat.")] = None,  # noqa: UP045,E501
+    preflight: Annotated[bool, typer.Option("--preflight", help="Read the cluster (nodes, StorageClasses, CNI, KubeRay, Secrets) and say what would not start; apply nothing.")] = False,  # noqa: E501
+    kuberay_namespace: Annotated[Optional[str], typer.Option(help="Namespace of the KubeRay operator, which alone may reach the Ray dashboard (default: found in the cluster).")] = None,  # noqa: UP045,E501
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every manifest (validated) and apply nothing.")] = False,  # noqa: E501
     detach: Annotated[bool, typer.Option("--detach", help="Return once the train is up instead of following its metrics.")] = False,  # noqa: E501
     keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Leave a train that failed to start in place, to inspect it.")] = False,  # noqa: E501
@@ -224,13 +236,21 @@ def k8s_command(
     Training flags are passed to the trainer (`agl train CONFIG --backend verl`); unset ones keep its defaults."""
     from agl_cli.errors import UsageError
     from agl_cli.spec import load_spec
-    from rl_backend.provision.options import ProvisionError, ProvisionOptions, parse_secret_ref
+    from rl_backend.provision.options import (
+        ProvisionError,
+        ProvisionOptions,
+        parse_node_selector,
+        parse_secret_ref,
+        parse_toleration,
+    )
     from rl_backend.provision.trainer_args import TrainerArgs
 
     if on != "kubernetes":
         raise UsageError(f"--on {on!r}: this command provisions on kubernetes; leave out --on to train locally")
     try:
         refs = [parse_secret_ref(text) for text in key_secret or []]
+        selector = parse_node_selector(node_selector or [])
+        tolerations = [parse_toleration(text) for text in toleration or []]
     except ProvisionError as exc:
         raise _agl_error(exc) from None
     spec = load_spec(config)
@@ -242,7 +262,10 @@ def k8s_command(
                                  kl_coef=kl_coef, loop=loop, heldout_limit=heldout_limit, heldout_split=heldout_split,
                                  train_split=train_split),
         include=list(include or []),
-        checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class, dry_run=dry_run,
+        checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class,
+        kuberay_namespace=kuberay_namespace, store_storage_class=store_storage_class, trainer_cpu=trainer_cpu,
+        trainer_memory=trainer_memory, node_selector=selector, tolerations=tolerations, preflight=preflight,
+        dry_run=dry_run,
         follow=not detach, keep_on_failure=keep_on_failure, json_output=json_output, timeout_s=timeout,
     )
     result = provision(spec, options, config=config)

@@ -32,9 +32,14 @@ GATEWAY_PORT = 8090
 RAY_DASHBOARD_PORT = 8265  # job submission and status: the RayJob's submitter and the KubeRay operator call it
 MAX_TRAIN_NAME = 30  # KubeRay derives cluster, pod and Service names from the RayJob's; those must stay <= 63
 GPUS_PER_NODE = 8
+# The policy servers (vLLM, under verl) listen on a port the OS picks: the pods that host them narrow the kernel's
+# ephemeral range to this (a namespaced sysctl), and the gateway may reach these ports only. Ray's own listeners on
+# those pods are pinned outside it (RAY_PORTS in plan.py).
+POLICY_PORTS = (40000, 40999)
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 # The distribution reference grammar, simplified: [registry[:port]/]path[:tag][@algorithm:hex].
 _IMAGE = re.compile(
@@ -73,6 +78,38 @@ def parse_secret_ref(text: str) -> SecretRef:
                              exit_code=2)
     check_dns_name(secret, "--key-secret: the Secret name")
     return SecretRef(env, secret, key)
+
+
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_node_selector(items: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` pairs, as `--node-selector` takes them."""
+    selector = {}
+    for text in items:
+        key, sep, value = text.partition("=")
+        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value) or len(value) > 63:
+            raise ProvisionError(f"--node-selector {text!r}: write KEY=VALUE, e.g. "
+                                 "cloud.google.com/gke-accelerator=nvidia-l4", exit_code=2)
+        selector[key] = value
+    return selector
+
+
+def parse_toleration(text: str) -> dict[str, str]:
+    """`KEY[=VALUE][:EFFECT]`, as `--toleration` takes it: Equal with a value, Exists without."""
+    rest, _, effect = text.partition(":")
+    key, sep, value = rest.partition("=")
+    if not _LABEL_KEY.match(key) or (sep and not _LABEL_VALUE.match(value)) or (effect and effect not in _EFFECTS):
+        raise ProvisionError(f"--toleration {text!r}: write KEY[=VALUE][:EFFECT], EFFECT one of "
+                             + ", ".join(_EFFECTS) + ", e.g. dedicated=gpu:NoSchedule", exit_code=2)
+    toleration = {"key": key, "operator": "Equal" if sep else "Exists"}
+    if sep:
+        toleration["value"] = value
+    if effect:
+        toleration["effect"] = effect
+    return toleration
 
 
 def check_dns_name(value: str, what: str) -> str:
@@ -176,7 +213,14 @@ class ProvisionOptions(ClusterOptions):
     key_secrets: list[SecretRef] = field(default_factory=list)
     checkpoint_size: str = "200Gi"
     store_size: str = "10Gi"
-    storage_class: str | None = None
+    storage_class: str | None = None  # the checkpoints' (ReadWriteMany for a RayJob)
+    store_storage_class: str | None = None  # the gateway's SQLite store: a block class, never a network filesystem
+    trainer_cpu: str | None = None  # per pod holding GPUs (default 4 per GPU)
+    trainer_memory: str | None = None  # per pod holding GPUs (default 24Gi per GPU)
+    node_selector: dict[str, str] = field(default_factory=dict)  # for the pods holding GPUs
+    tolerations: list[dict[str, str]] = field(default_factory=list)  # for the pods holding GPUs
+    preflight: bool = False  # read the cluster, say what would not start, apply nothing
+    kuberay_namespace: str | None = None  # where the KubeRay operator runs; found in the cluster when not given
     include: list[str] = field(default_factory=list)
     dry_run: bool = False
     follow: bool = True
@@ -197,6 +241,17 @@ class ProvisionOptions(ClusterOptions):
             raise ProvisionError(f"--namespace {self.namespace!r} is not a valid namespace name", exit_code=2)
         if self.timeout_s <= 0:
             raise ProvisionError("--timeout must be positive", exit_code=2)
+        for flag, amount in (("--trainer-cpu", self.trainer_cpu), ("--trainer-memory", self.trainer_memory)):
+            if amount is not None and not _QUANTITY.match(amount):
+                raise ProvisionError(f"{flag} {amount!r} is not a Kubernetes quantity (e.g. 3, 3500m, 12Gi)",
+                                     exit_code=2)
+        for flag, cls in (("--storage-class", self.storage_class), ("--store-storage-class", self.store_storage_class)):
+            if cls is not None:
+                check_dns_name(cls, flag)
+        if self.kuberay_namespace is not None and not (_NAMESPACE.match(self.kuberay_namespace)
+                                                       and len(self.kuberay_namespace) <= 63):
+            raise ProvisionError(f"--kuberay-namespace {self.kuberay_namespace!r} is not a valid namespace name",
+                                 exit_code=2)
         envs = [ref.env for ref in self.key_secrets]
         if len(envs) != len(set(envs)):
             raise ProvisionError("--key-secret names the same variable twice", exit_code=2)

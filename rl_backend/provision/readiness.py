@@ -13,12 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_backend.provision.plan import TRAINER_RUNS
 from rl_backend.rollout.k8s_status import job_outcome
 
 # Waiting reasons that persist until the user changes something.
 FATAL_WAITING = {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CrashLoopBackOff",
                  "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 WITH_LOGS = {"CrashLoopBackOff", "RunContainerError", "Error"}
+# A RayJob's jobDeploymentStatus once KubeRay is done with it; every other one (New, Initializing, Running, Waiting,
+# Retrying, Suspending, Suspended) may still change.
+FINAL_DEPLOYMENT = {"Complete", "Failed", "ValidationFailed"}
 
 
 @dataclass
@@ -138,15 +142,17 @@ def endpoints_check(service: str, slices: list[dict[str, Any]]) -> Check:
 def trainer_finished(trainer: Mapping[str, Any]) -> tuple[str, str] | None:
     """('succeeded' | 'failed', detail) once the trainer Job or RayJob is over, else None."""
     if trainer.get("kind") == "RayJob":
+        # Only the operator's verdict is final: KubeRay 1.7 reports a failed attempt as jobStatus FAILED while
+        # jobDeploymentStatus goes Retrying (a new cluster, resuming from the checkpoints) until backoffLimit.
         status = trainer.get("status") or {}
         job_status = str(status.get("jobStatus") or "").upper()
         deployment = str(status.get("jobDeploymentStatus") or "")
         message = status.get("message") or status.get("reason") or ""
+        if deployment not in FINAL_DEPLOYMENT:
+            return None
         if job_status == "SUCCEEDED" or (deployment == "Complete" and job_status not in ("FAILED", "STOPPED")):
             return "succeeded", message
-        if job_status in ("FAILED", "STOPPED") or deployment in ("Failed", "ValidationFailed"):
-            return "failed", f"{job_status or deployment}: {message}".rstrip(": ")
-        return None
+        return "failed", f"{job_status or deployment}: {message}".rstrip(": ")
     outcome = job_outcome(trainer)
     if outcome is None:
         return None
@@ -176,8 +182,14 @@ def trainer_check(trainer: Mapping[str, Any] | None, pods: list[dict[str, Any]],
         current = [*heads[-1:], *workers[-nodes:]] if nodes else heads[-1:]
         up = sum(1 for p in workers if _running(p))
         head = "head Running" if any(_running(p) for p in heads) else "head not running"
-        state = (trainer.get("status") or {}).get("jobDeploymentStatus") or "no status yet"
+        status = trainer.get("status") or {}
+        state = status.get("jobDeploymentStatus") or "no status yet"
         check.detail = f"{head}, {up}/{nodes} workers Running, RayJob {state}"
+        failed = int(status.get("failed") or 0)
+        if failed and finished is None:
+            attempts = int((trainer.get("spec") or {}).get("backoffLimit", TRAINER_RUNS - 1)) + 1
+            check.detail += (f"; attempt {failed} of {attempts} failed"
+                             + (", KubeRay is retrying on a new cluster" if state == "Retrying" else ""))
         running = any(_running(p) for p in heads) and up >= nodes
     else:
         current = pods[-1:]  # the Job's newest pod: older ones are restarts already replaced

@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rl_backend.provision.options import ANNOTATION_PROVISION, ANNOTATION_SPEC_HASH, Names, ProvisionError
@@ -49,26 +50,35 @@ def kind_name(manifest: Mapping[str, Any]) -> str:
     return f"{manifest.get('kind')}/{(manifest.get('metadata') or {}).get('name')}"
 
 
-def _render(template: str, context: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    source = template if "/" in template else f"{TEMPLATES}/{template}"
+def _render(template: str | Path, context: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    source = template if isinstance(template, Path) or "/" in template else f"{TEMPLATES}/{template}"
     try:
-        return load_manifest(render_template(source, **{**context, **extra}), source)
-    except ManifestError as exc:
-        raise ProvisionError(str(exc)) from None
+        return load_manifest(render_template(source, **{**context, **extra}), str(source))
+    except ManifestError as exc:  # a template of the user's (or a value agl.yaml put in one): fix and re-run
+        raise ProvisionError(str(exc), exit_code=2) from None
 
 
-def _rollout_egress(context: dict[str, Any], policy: NetworkPolicySpec) -> dict[str, Any]:
-    """The rollout pods' egress (gateway and DNS only), when agl.yaml asks for `kubernetes.network_policy`: the
-    same template the rollout controller renders, aimed at the in-cluster gateway's pods."""
+def _rollout_egress(context: dict[str, Any], policy: NetworkPolicySpec, base_dir: Path | None) -> dict[str, Any]:
+    """The rollout pods' egress: the train's gateway (its pods, in this namespace) and DNS, plus what agl.yaml's
+    `kubernetes.network_policy.allow_egress` opens; nothing else (no metadata server, no API server, no other pod).
+    The same template the rollout controller renders for a run, or the user's `network_policy.template`."""
     names: Names = context["names"]
-    return _render("k8s/networkpolicy.yaml.j2", context, name=names.rollout_egress, labels=names.labels("rollout"),
+    template: str | Path = "k8s/networkpolicy.yaml.j2"
+    if policy.template:
+        template = ((base_dir or Path(".")) / policy.template).resolve()
+    return _render(template, context, name=names.rollout_egress, labels=names.labels("rollout"),
                    pod_selector=names.component("rollout"), gateway_cidrs=[],
                    gateway_pod_selector=names.component("gateway"), gateway_namespace_selector=None,
-                   gateway_port=context["gateway_port"], dns=dns_context(policy.dns_rule()), spec=None)
+                   gateway_port=context["gateway_port"], dns=dns_context(policy.dns_rule()),
+                   allow_egress=policy.allow_egress, spec=None)
+
+
+OPEN_ROLLOUTS_NOTE = ("kubernetes.network_policy.enabled is false: the rollout pods (agent code) may reach anything "
+                      "the cluster lets a pod reach, the cloud metadata server and the API server included")
 
 
 def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_version: str,
-               rollout_policy: NetworkPolicySpec | None = None) -> Rendered:
+               rollout_policy: NetworkPolicySpec | None = None, base_dir: Path | None = None) -> Rendered:
     names: Names = context["names"]
     topology: Topology = context["topology"]
     options = context["options"]
@@ -86,11 +96,15 @@ def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_versi
     ]
     if topology.kind == "rayjob":
         docs.append(_render("netpol-ray.yaml.j2", context, labels=labels("trainer")))
-    if rollout_policy is not None and rollout_policy.enabled:
-        docs.append(_rollout_egress(context, rollout_policy))
+    # Rollout pods run untrusted agent code: closed by default, opened only as far as agl.yaml says.
+    rollout_policy = rollout_policy if rollout_policy is not None else NetworkPolicySpec()
+    if rollout_policy.enabled:
+        docs.append(_rollout_egress(context, rollout_policy, base_dir))
     docs += [
+        # Not --storage-class: that one is the checkpoints' (a network filesystem for a RayJob), where SQLite's
+        # WAL cannot live.
         _render("pvc.yaml.j2", context, name=names.store_pvc, labels=labels("gateway-store"),
-                access_mode="ReadWriteOnce", size=options.store_size, storage_class=options.storage_class),
+                access_mode="ReadWriteOnce", size=options.store_size, storage_class=options.store_storage_class),
         _render("pvc.yaml.j2", context, name=names.checkpoints, labels=labels("checkpoints"),
                 access_mode=topology.checkpoint_access, size=options.checkpoint_size,
                 storage_class=options.storage_class),
@@ -106,7 +120,7 @@ def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_versi
     trainer = _render(trainer_template, context, labels=labels("trainer"))
     trainer["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = spec_hash(trainer)
     docs.append(trainer)
-    notes: list[str] = []
+    notes: list[str] = [] if rollout_policy.enabled else [OPEN_ROLLOUTS_NOTE]
     for manifest in docs:
         validate(manifest, kubernetes_version, names)
     if topology.kind == "rayjob":
@@ -134,7 +148,9 @@ def validate(manifest: dict[str, Any], kubernetes_version: str, names: Names) ->
         else:
             validate_schema(manifest, kubernetes_version)
     except ManifestError as exc:
-        raise ProvisionError(f"{where}: {exc}") from None
+        # What agl.yaml and the flags put in it (a rule, a size, a name) is what makes it invalid: fix and re-run.
+        raise ProvisionError(f"{where}: {exc}", hint="nothing was applied; correct the setting named in the path above",
+                             exit_code=2) from None
     meta = manifest.get("metadata") or {}
     labels = meta.get("labels") or {}
     for key, value in names.selector().items():

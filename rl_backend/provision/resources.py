@@ -230,6 +230,34 @@ class Resources:
                 return None
             raise
 
+    def look(self, api: str, method: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """A read beyond the train's namespace (nodes, StorageClasses, DaemonSets): its body, or None when agl may
+        not look (401/403) or the cluster does not serve it (404): what it would tell is then unknown."""
+        import kubernetes.client as kclient
+        from kubernetes.client.exceptions import ApiException
+
+        client = self._apis.get(api) or getattr(kclient, api)(self.api_client)
+        try:
+            return self._json(getattr(client, method), *args, **kwargs)
+        except ApiException as exc:
+            if exc.status in (401, 403, 404):
+                return None
+            raise
+
+    def operator_namespaces(self, labels: Mapping[str, str]) -> list[str] | None:
+        """The namespaces of the Deployments carrying `labels` anywhere in the cluster (an operator's); None when
+        agl may not look (listing Deployments cluster-wide denied)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            body = self._json(self._apis["AppsV1Api"].list_deployment_for_all_namespaces,
+                              label_selector=selector_text(labels))
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                return None
+            raise
+        return sorted({i["metadata"]["namespace"] for i in body.get("items") or [] if labels_match(i, labels)})
+
     def pod_log(self, pod: str, container: str | None, *, tail_lines: int | None = None,
                 previous: bool = False) -> str:
         from kubernetes.client.exceptions import ApiException

@@ -28,7 +28,17 @@ from rl_backend.provision.options import (
     pinned,
     train_name,
 )
-from rl_backend.provision.plan import RAYJOB_CRD, Topology, choose_topology, default_images, template_context
+from rl_backend.provision.plan import (
+    DEFAULT_KUBERAY_NAMESPACE,
+    KUBERAY_OPERATOR,
+    RAYJOB_CRD,
+    UID,
+    Topology,
+    choose_topology,
+    default_images,
+    template_context,
+)
+from rl_backend.provision.preflight import cluster_findings
 from rl_backend.provision.render import Rendered, kind_name, render_all
 from rl_backend.provision.resources import Resources, api_errors, load_api_client
 from rl_backend.provision.stop import stop_train
@@ -43,7 +53,7 @@ class ProvisionResult:
     train: str
     namespace: str
     topology: Topology
-    outcome: str  # dry-run | ready | interrupted | succeeded | failed
+    outcome: str  # dry-run | preflight | ready | interrupted | succeeded | failed
     manifests: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
@@ -110,7 +120,7 @@ def render_train(target: TrainTarget, options: ProvisionOptions, rayjob_installe
     )
     version = options.kubernetes_version or (spec.kubernetes_version if spec else DEFAULT_KUBERNETES_VERSION)
     rendered = render_all(context, withheld=local_key_values(refs), kubernetes_version=version,
-                          rollout_policy=spec.network_policy if spec else None)
+                          rollout_policy=spec.network_policy if spec else None, base_dir=target.base_dir)
     rendered.notes += source.notes
     for name in [n for n, u in target.upstreams.items() if u.kind == "embedded"]:
         rendered.notes.append(f"upstream {name!r} is embedded: in the cluster it is the policy being trained, served "
@@ -207,11 +217,24 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
     if installed is None:
         log("cannot tell whether KubeRay is installed (no permission to read CRDs); assuming it is")
         installed = True
+    if wanted.kind == "rayjob" and installed:
+        options.kuberay_namespace = _kuberay_namespace(res, options, log)
     provision_id = secrets.token_hex(6)
     names, namespace, topology, refs, rendered = render_train(target, options, installed, provision_id)
     for note in rendered.notes:
         log(note)
     preflight_secrets(res, refs, log)
+    findings = cluster_findings(res, rendered.manifests, store_claim=names.store_pvc, uid=UID)
+    for finding in findings:
+        log(f"{finding.level}: {finding.text}" + (f"\n  hint: {finding.hint}" if finding.hint else ""))
+    errors = [f for f in findings if f.level == "error"]
+    if errors:
+        raise ProvisionError("this train would not start; nothing was applied:\n" + "\n".join(
+            f"- {f.text}" + (f"\n  hint: {f.hint}" if f.hint else "") for f in errors), exit_code=2)
+    if options.preflight:
+        result = ProvisionResult(names.train, namespace, topology, "preflight", rendered.manifests, rendered.notes)
+        result.detail = f"{len(findings)} warning(s); nothing was applied (--preflight)"
+        return result
     applier = Applier(res, names, provision_id, attempts=options.create_attempts, backoff_s=options.retry_backoff_s,
                       log=log, secret_value=token)
     steps = applier.apply_all(rendered.manifests)
@@ -245,6 +268,23 @@ def _provision(res: Resources, target: TrainTarget, options: ProvisionOptions, *
         raise ProvisionError(f"the trainer failed: {detail}" + (f"\n{explained}" if explained else ""),
                              hint=f"`agl train status {names.train}`; the objects stay until `agl train stop`")
     return result
+
+
+def _kuberay_namespace(res: Resources, options: ProvisionOptions, log: Callable[[str], None]) -> str:
+    """Where the KubeRay operator runs: the Ray dashboard's policy admits the operator from that namespace only."""
+    if options.kuberay_namespace:
+        return options.kuberay_namespace
+    found = res.operator_namespaces(KUBERAY_OPERATOR)
+    if found is None:
+        log(f"cannot list Deployments cluster-wide to find the KubeRay operator; assuming namespace "
+            f"{DEFAULT_KUBERAY_NAMESPACE} (give --kuberay-namespace if it runs elsewhere)")
+        return DEFAULT_KUBERAY_NAMESPACE
+    if len(found) != 1:
+        where = "no namespace" if not found else "namespaces " + ", ".join(found)
+        raise ProvisionError(f"the KubeRay operator (a Deployment labelled app.kubernetes.io/name=kuberay-operator) "
+                             f"runs in {where}; its namespace is the one the Ray dashboard admits it from",
+                             hint="give --kuberay-namespace NAMESPACE", exit_code=2)
+    return found[0]
 
 
 def _checks_quietly(waiter: Waiter) -> list[Any]:

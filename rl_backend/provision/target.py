@@ -90,7 +90,7 @@ class CarriedFiles:
 
     data: dict[str, str] = field(default_factory=dict)
     binary_data: dict[str, str] = field(default_factory=dict)
-    items: list[dict[str, str]] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
 
     def size(self) -> int:
         return sum(len(v.encode()) for v in self.data.values()) + sum(len(v) for v in self.binary_data.values())
@@ -133,6 +133,10 @@ def carried_files(target: TrainTarget, names: Names, namespace: str, include: li
     wanted = [(raw, "a file named in agl.yaml") for raw in target.files]
     wanted += [(raw, "the code rollouts or the grader run") for raw in source.files]
     wanted += [(raw, "--include") for raw in include]
+    spec = target.kubernetes
+    if spec is not None and spec.job_template:
+        # The rollout controller in the trainer's pod renders every Job from it, next to the cluster's agl.yaml.
+        wanted.append((spec.job_template, "kubernetes.job_template"))
     for raw, what in wanted:
         relative, path = _relative(base, raw, what)
         if not path.exists():
@@ -148,7 +152,11 @@ def carried_files(target: TrainTarget, names: Names, namespace: str, include: li
                 carried.data[key] = content.decode("utf-8")
             except UnicodeDecodeError:
                 carried.binary_data[key] = base64.b64encode(content).decode()
-            carried.items.append({"key": key, "path": rel})
+            item: dict[str, Any] = {"key": key, "path": rel}
+            if file.stat().st_mode & 0o111:
+                # A ConfigMap volume's files are 0644 unless the item says: `./agent.sh` must stay executable.
+                item["mode"] = EXECUTABLE_MODE
+            carried.items.append(item)
     check_imports(base, [p for p in carried.paths() if p.endswith(".py")])
     carried.data[_key(0, SPEC_FILE)] = cluster_spec_text(target, names, namespace, source, carried.items)
     if carried.size() > MAX_CARRIED_BYTES:
@@ -161,11 +169,12 @@ def carried_files(target: TrainTarget, names: Names, namespace: str, include: li
     return carried
 
 
+EXECUTABLE_MODE = 0o555  # read and execute for all: the mount is read-only anyway
 LOCAL_ONLY_KEYS = ("kubeconfig", "context", "gateway_listen", "network_policy")
 
 
 def cluster_spec_text(target: TrainTarget, names: Names, namespace: str, source: RolloutSource,
-                      items: list[dict[str, str]]) -> str:
+                      items: list[dict[str, Any]]) -> str:
     """The cluster's copy of agl.yaml (see the module docstring)."""
     try:
         data: Any = yaml.safe_load(target.config_path.read_text(encoding="utf-8"))

@@ -74,7 +74,9 @@ def run_selector(run_id: str) -> dict[str, str]:
 
 
 def deadline_seconds(timeout_s: float, spec: KubernetesSpec) -> int:
-    return max(1, math.ceil(timeout_s + spec.startup_allowance_s))
+    """The Job's activeDeadlineSeconds, which counts from its creation: the agent's timeout after the longest its pod
+    may wait for a node and for its image."""
+    return max(1, math.ceil(timeout_s + spec.startup_allowance_s + spec.unschedulable_after_s))
 
 
 def yaml_quote(value: object) -> str:
@@ -212,7 +214,7 @@ def render_policy(spec: KubernetesSpec, run_id: str, base_dir: Path) -> dict[str
         labels={**run_selector(run_id), "app.kubernetes.io/managed-by": "agl"}, pod_selector=run_selector(run_id),
         gateway_cidrs=cidrs, gateway_pod_selector=policy.gateway_pod_selector,
         gateway_namespace_selector=policy.gateway_namespace_selector, gateway_port=port, dns=dns_context(policy.dns_rule()),
-        spec=spec,
+        allow_egress=policy.allow_egress, spec=spec,
     )
     manifest = load_manifest(text, str(template))
     validate_schema(manifest, spec.kubernetes_version)

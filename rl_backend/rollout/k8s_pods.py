@@ -4,8 +4,9 @@ A Job whose pod waits on an image that does not exist, on a Secret that is missi
 offers stays active until its deadline, and the Job controller says nothing about why. So while rollouts wait, one
 list of the run's pods (by the run's label: one request for the whole run) every `interval_s` looks at each pod's
 waiting reasons and scheduling condition (k8s_status.start_problem). A definite problem (ImagePullBackOff,
-CreateContainerConfigError, ...) is reported at once; one the cluster may still resolve (ErrImagePull,
-Unschedulable) once it has lasted `grace_s`. The controller then ends the rollout with that reason and message.
+CreateContainerConfigError, ...) is reported at once; one the cluster may still resolve once it has lasted its
+grace: `grace_s` for ErrImagePull, `unschedulable_s` for Unschedulable (an autoscaler adding a node takes minutes).
+The controller then ends the rollout with that reason and message.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ class PodInspector:
     stuck pod once."""
 
     def __init__(self, api: KubeApi, selector: Mapping[str, str], *, interval_s: float, grace_s: float,
-                 watched: Callable[[], set[str]], on_stuck: Callable[[str, str, StartProblem], None]) -> None:
+                 watched: Callable[[], set[str]], on_stuck: Callable[[str, str, StartProblem], None],
+                 unschedulable_s: float | None = None) -> None:
         self.api, self.selector = api, dict(selector)
         self.interval_s, self.grace_s = interval_s, grace_s
+        self.unschedulable_s = grace_s if unschedulable_s is None else unschedulable_s
         self.watched, self.on_stuck = watched, on_stuck
         self._since: dict[tuple[str, str], float] = {}  # (pod, reason) -> when first seen
         self._reported: set[str] = set()
@@ -71,7 +74,8 @@ class PodInspector:
             key = (name, problem.reason)
             seen.add(key)
             first = self._since.setdefault(key, now)
-            if problem.definite or now - first >= self.grace_s:
+            grace = self.unschedulable_s if problem.reason == "Unschedulable" else self.grace_s
+            if problem.definite or now - first >= grace:
                 self._reported.add(name)
                 self.on_stuck(str(job), name, problem)
         self._since = {k: v for k, v in self._since.items() if k in seen}

@@ -57,14 +57,18 @@ def _check_cidrs(value: list[str]) -> list[str]:
 
 
 class DnsSpec(_Strict):
-    """Where rollout pods may resolve names. The default is the cluster's DNS pods (label k8s-app: kube-dns, any
-    namespace) on port 53. NodeLocal DNSCache answers on a link-local address of each node: add it to `cidrs`
+    """Where rollout pods may resolve names. The default is the cluster's DNS pods (label k8s-app: kube-dns, in
+    namespace kube-system) on port 53. NodeLocal DNSCache answers on a link-local address of each node: add it to `cidrs`
     (e.g. 169.254.20.10/32). OpenShift's DNS pods live in namespace openshift-dns, labelled
     dns.operator.openshift.io/daemonset-dns: default, and listen on port 5353."""
 
     pod_selector: dict[str, str] | None = Field(default_factory=lambda: {"k8s-app": "kube-dns"},
                                                 description="labels of the DNS pods (null: none by selector)")
-    namespace_selector: dict[str, str] | None = Field(default_factory=dict, description="{}: any namespace")
+    # In kube-system only by default: a pod anywhere else may label itself k8s-app: kube-dns and would otherwise
+    # receive every rollout's lookups (and whatever an agent smuggles out in them).
+    namespace_selector: dict[str, str] | None = Field(
+        default_factory=lambda: {"kubernetes.io/metadata.name": "kube-system"},
+        description="labels of the DNS pods' namespace ({}: any namespace; null: the policy's own)")
     cidrs: list[str] = Field(default_factory=list, description="DNS servers by address, e.g. 169.254.20.10/32")
     ports: list[int] = Field(default_factory=lambda: [53], min_length=1, description="the DNS ports (UDP and TCP)")
 
@@ -88,7 +92,9 @@ class DnsSpec(_Strict):
 
 
 class NetworkPolicySpec(_Strict):
-    """Egress only to the gateway (and DNS); no ingress. Needs a CNI that enforces NetworkPolicy."""
+    """Egress only to the gateway (and DNS), plus the rules in `allow_egress`; no ingress. Needs a CNI that enforces
+    NetworkPolicy. `{}` means exactly that, with the defaults; for `agl train --on kubernetes` (which applies it to
+    every rollout pod even without this section) the gateway is the train's own."""
 
     enabled: bool = Field(default=True, description="create the NetworkPolicy")
     gateway_cidrs: list[str] = Field(default_factory=list, description="the gateway's pod or host addresses, e.g. "
@@ -101,6 +107,9 @@ class NetworkPolicySpec(_Strict):
     gateway_port: int | None = Field(default=None, ge=1, le=65535, description="default: the port of gateway_url")
     dns: bool | DnsSpec = Field(default=True, description="true: the cluster's kube-dns pods; false: none; or a "
                                                           "DnsSpec (NodeLocal DNSCache, OpenShift)")
+    allow_egress: list[dict[str, Any]] = Field(
+        default_factory=list, description="more egress rules, as NetworkPolicy egress rules ({to, ports}), e.g. a "
+        "package mirror: [{to: [{ipBlock: {cidr: 10.8.0.0/16}}], ports: [{port: 443}]}]")
     template: str | None = Field(default=None, description="your own NetworkPolicy jinja2 template")
 
     @field_validator("gateway_cidrs")
@@ -121,7 +130,8 @@ class ProjectSpec(_Strict):
     sees (knob files, and the agent's code when no agent image is given)."""
 
     config_map: str = Field(description="the ConfigMap holding the project's files")
-    items: list[dict[str, str]] = Field(min_length=1, description="{key, path}: ConfigMap key to relative path")
+    items: list[dict[str, Any]] = Field(min_length=1, description="{key, path[, mode]}: ConfigMap key to relative "
+                                        "path (mode: the file's permission bits, e.g. 365 = 0o555 for a script)")
     mount_path: str = Field(default="/etc/agl/project", description="where rollout pods see the files (absolute)")
 
     @field_validator("items")
@@ -129,8 +139,12 @@ class ProjectSpec(_Strict):
     def _items(cls, value: list[dict[str, str]]) -> list[dict[str, str]]:
         for item in value:
             path = item.get("path", "")
-            if set(item) != {"key", "path"} or not path or path.startswith("/") or ".." in path.split("/"):
-                raise ValueError(f"{item!r}: each item is {{key, path}} with a relative path inside the folder")
+            if (not {"key", "path"} <= set(item) <= {"key", "path", "mode"} or not isinstance(path, str) or not path
+                    or path.startswith("/") or ".." in path.split("/")):
+                raise ValueError(f"{item!r}: each item is {{key, path[, mode]}} with a relative path inside the folder")
+            mode = item.get("mode", 0)
+            if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+                raise ValueError(f"{item!r}: mode is permission bits between 0 and 0o777 (511)")
         return value
 
     @field_validator("mount_path")
@@ -203,8 +217,12 @@ class KubernetesSpec(_Strict):
         default=3.0, gt=0, description="how often the run's pods are checked for one that cannot start"
     )
     unstartable_after_s: float = Field(
-        default=10.0, ge=0, description="how long a pod may stay Unschedulable or in ErrImagePull (which the "
-        "cluster may still resolve) before its rollout fails; ImagePullBackOff and container config errors fail at once"
+        default=10.0, ge=0, description="how long a pod may stay in ErrImagePull (which the registry may still "
+        "resolve) before its rollout fails; ImagePullBackOff and container config errors fail at once"
+    )
+    unschedulable_after_s: float = Field(
+        default=300.0, ge=0, description="how long a pod may wait Unschedulable for a node (a cluster autoscaler "
+        "adding one takes minutes) before its rollout fails; the Job's deadline includes this wait"
     )
     create_qps: float = Field(default=5.0, gt=0, description="Job creations per second (token bucket)")
     create_burst: int = Field(default=10, ge=1, description="Job creations allowed at once (token bucket size)")
@@ -249,19 +267,29 @@ class KubernetesSpec(_Strict):
         return value
 
     def listen_address(self) -> tuple[str, int] | None:
-        """Where the gateway must listen so pods reach it (None: no gateway_url, nothing to decide)."""
+        """Where the gateway must listen so pods reach it, and no wider (None: no gateway_url, nothing to decide):
+        gateway_url's own address when it is an IP of this machine (IPv6 included); otherwise every address of
+        its family, since a NATed address or a host name may arrive on any interface."""
         if self.gateway_listen is not None:
             host, _, port = self.gateway_listen.rpartition(":")
             return host.strip("[]"), int(port)
         if self.gateway_url is None:
             return None
+        from rl_backend.netaddr import is_own_address
+
         parts = urlsplit(self.gateway_url)
-        return "0.0.0.0", parts.port or (443 if parts.scheme == "https" else 80)
+        number = parts.port or (443 if parts.scheme == "https" else 80)
+        address = parts.hostname or ""
+        if is_own_address(address):
+            return address, number
+        return ("::" if ":" in address else "0.0.0.0"), number
 
     @model_validator(mode="after")
     def _policy_needs_gateway(self) -> KubernetesSpec:
         policy = self.network_policy
-        if policy is not None and policy.enabled and not (policy.gateway_cidrs or policy.gateway_pod_selector):
+        # Without a gateway_url there is nothing to point at yet: a train supplies its own gateway's pods.
+        if (policy is not None and policy.enabled and self.gateway_url is not None
+                and not (policy.gateway_cidrs or policy.gateway_pod_selector)):
             host = urlsplit(self.gateway_url).hostname if self.gateway_url else None
             try:
                 ipaddress.ip_address(host or "")

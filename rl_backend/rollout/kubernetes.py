@@ -228,6 +228,7 @@ class KubernetesController:
                 await self.api.retrying("creating the run's NetworkPolicy", lambda: self.api.apply_policy(policy))
             self.pods = PodInspector(self.api, self.selector, interval_s=self.spec.pod_check_s,
                                      grace_s=self.spec.unstartable_after_s, watched=self._watched,
+                                     unschedulable_s=self.spec.unschedulable_after_s,
                                      on_stuck=self._on_stuck)
             self.pods.start()
             watcher = JobWatcher(

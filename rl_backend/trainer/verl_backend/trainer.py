@@ -32,7 +32,7 @@ from rl_backend.gateway.config import POLICY_KEY_ENV
 from rl_backend.trainer.batch import TrainBatch
 from rl_backend.trainer.interfaces import Gate
 from rl_backend.trainer.verl_backend.config import VerlSettings
-from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV
+from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV, own_ray_policy_host
 from rl_backend.trainer.verl_backend.plugins import SETUP_HOOK, register_all
 
 log = logging.getLogger(__name__)
@@ -196,8 +196,9 @@ class VerlTrainer:
             cluster = os.environ.get("RAY_ADDRESS") or None
             if cluster is None:
                 # A Ray of this process's own: the rollout servers listen on loopback (Ray itself will not use a
-                # loopback node address), since only this machine's gateway calls them.
-                env[POLICY_HOST_ENV] = "127.0.0.1"
+                # loopback node address), since only this machine's gateway calls them; in a trainer Job's pod, on
+                # the pod's address, which the deployed gateway calls.
+                env[POLICY_HOST_ENV] = own_ray_policy_host(os.environ)
             _init_ray(lambda: ray.init(address=cluster, num_cpus=self.settings.ray_num_cpus,
                                        runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
                                        include_dashboard=False, log_to_driver=True), self.log)
