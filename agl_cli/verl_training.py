@@ -59,7 +59,7 @@ def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, p
         gpus_per_node=_int_env("AGL_GPUS_PER_NODE", 1), device=device, policy_server=policy_server,
         attn_implementation=default_attention(),
         tool_call_parser=parser_for(model_path, tool_call_parser or upstream.tool_call_parser),
-        rollout_dtype=rollout_dtype,
+        rollout_dtype=rollout_dtype, temperature=options.temperature,
     )
 
 
@@ -94,6 +94,11 @@ class VerlTrainingRun(TrainingRun):
         super().__init__(*args, **kwargs)
         self.verl_config, self.settings = verl_config, settings
         self._verl: Any = None
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        # verl's loss and rollout correction see the policy's raw logprobs: an agent's top_p would draw tokens from a
+        # narrower distribution than either describes, so training calls sample from all of it.
+        return {**super().sampling_overrides(), "top_p": 1.0}
 
     def _start_backend(self, stack: RunServices, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         from rl_backend.trainer.loop import latest_checkpoint

@@ -94,7 +94,7 @@ def verl_command(
     tasks_per_step: Annotated[int, typer.Option(help="Training tasks per update.")] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per task per update (the GRPO group).")] = 4,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts.")] = 1.0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts: 1 only (verl's loss sees raw logprobs; the agent's top_p is set to 1 too).")] = 1.0,  # noqa: E501
     lora: Annotated[bool, typer.Option(help="Train a LoRA adapter instead of all weights.")] = False,
     lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora (vLLM serves 1, 8, 16, 32, 64, 128, 256, 320, 512).")] = 16,  # noqa: E501
     loss_agg: Annotated[str, typer.Option(help="rollout, token-mean or seq-mean-token-mean.")] = "rollout",

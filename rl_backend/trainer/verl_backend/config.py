@@ -67,6 +67,10 @@ class VerlSettings:
     # vLLM's tool-call parser (its --tool-call-parser), None: tool calls off (vllm_tools.py picks one per family).
     tool_call_parser: str | None = None
     rollout_dtype: str | None = None  # what vLLM computes in; None: float32 on a CPU (as the actor), else bfloat16
+    # The training sampler's temperature (--temperature). The policy servers record raw logprobs (vLLM's
+    # logprobs_mode raw_logprobs, the embedded engine's only kind) and the actor recomputes at temperature 1, so
+    # only 1 describes the distribution the tokens are drawn from.
+    temperature: float = 1.0
 
     @property
     def policy_loss(self) -> str:
@@ -112,6 +116,13 @@ class VerlSettings:
             # weights, which would make the KL dwarf the policy loss.
             raise VerlConfigError("--kl-coef > 0 with --loss-agg rollout is not supported by the verl backend: use "
                                   "--kl-coef 0, or --loss-agg token-mean with a KL penalty")
+        if self.temperature != 1.0:
+            # Tokens drawn at another temperature come from a distribution neither the recorded nor the recomputed
+            # logprobs describe: the rollout correction would see weights near 1 and the gradient would be biased.
+            raise VerlConfigError(
+                f"--temperature {self.temperature:g}: the verl backend records the policy's raw (temperature 1) "
+                "logprobs and recomputes them at temperature 1, so its loss cannot account for tokens sampled at "
+                f"{self.temperature:g}; use --temperature 1 (the default)")
         if self.device not in DEVICES:
             raise VerlConfigError(f"device {self.device!r}: use one of {', '.join(DEVICES)}")
         if self.gpus_per_node < 1 or self.nnodes < 1:
