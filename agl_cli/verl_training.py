@@ -42,11 +42,20 @@ def _int_env(name: str, default: int) -> int:
 
 def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, policy_server: str,
                   tensor_parallel: int, gpu_memory_utilization: float, lora_rank: int,
-                  tool_call_parser: str | None = None, rollout_dtype: str | None = None) -> Any:
+                  tool_call_parser: str | None = None, rollout_dtype: str | None = None,
+                  max_prompt_length: int | None = None, max_response_length: int | None = None) -> Any:
     """The VerlSettings of this spec and these options (the GPU topology from the environment a cluster gives the
     trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE). vLLM's tool-call parser: `tool_call_parser` (the flag), else the
-    trained upstream's `tool_call_parser:`, else the model family's."""
-    from rl_backend.trainer.verl_backend.config import VerlSettings, default_attention, model_path_for
+    trained upstream's `tool_call_parser:`, else the model family's. Prompt and response lengths likewise: the flag,
+    else the upstream's, else verl_backend.config's defaults."""
+    from rl_backend.trainer.verl_backend.config import (
+        DEFAULT_PROMPT_LENGTH,
+        DEFAULT_RESPONSE_LENGTH,
+        VerlSettings,
+        default_attention,
+        model_max_len,
+        model_path_for,
+    )
     from rl_backend.trainer.verl_backend.vllm_tools import tool_call_parser as parser_for
 
     upstream = spec.upstreams[trained_upstream(spec)]
@@ -60,7 +69,14 @@ def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, p
         attn_implementation=default_attention(),
         tool_call_parser=parser_for(model_path, tool_call_parser or upstream.tool_call_parser),
         rollout_dtype=rollout_dtype, temperature=options.temperature,
+        max_prompt_length=_first(max_prompt_length, upstream.max_prompt_length, DEFAULT_PROMPT_LENGTH),
+        max_response_length=_first(max_response_length, upstream.max_response_length, DEFAULT_RESPONSE_LENGTH),
+        model_max_len=model_max_len(model_path),
     )
+
+
+def _first(*values: int | None) -> int:
+    return next(v for v in values if v is not None)
 
 
 def render_config(settings: Any) -> tuple[str, Any]:

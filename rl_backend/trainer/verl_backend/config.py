@@ -27,6 +27,10 @@ POLICY_SERVERS = ("vllm", "embedded")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
+DEFAULT_PROMPT_LENGTH = 4096
+DEFAULT_RESPONSE_LENGTH = 2048
+
+
 class VerlConfigError(ValueError):
     """The verl config agl rendered (or the options it came from) is not one verl accepts; the message says why."""
 
@@ -52,8 +56,9 @@ class VerlSettings:
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: int = 32
     micro_batch_tokens: int = 16384
-    max_prompt_length: int = 4096
-    max_response_length: int = 2048
+    max_prompt_length: int = DEFAULT_PROMPT_LENGTH
+    max_response_length: int = DEFAULT_RESPONSE_LENGTH
+    model_max_len: int | None = None  # the model's max_position_embeddings, when its config.json is at hand
     tensor_parallel: int = 1
     gpu_memory_utilization: float = 0.4  # the rollout servers share the GPUs with the FSDP trainer
     nnodes: int = 1
@@ -98,6 +103,17 @@ class VerlSettings:
         return self.rollout_dtype or ("float32" if self.device == "cpu" else "bfloat16")
 
     @property
+    def max_model_len(self) -> int:
+        """vLLM's context: the longest prompt plus the longest answer."""
+        return self.max_prompt_length + self.max_response_length
+
+    @property
+    def token_budget(self) -> int:
+        """verl's per-GPU token budgets (update and logprob recompute): `micro_batch_tokens`, raised to the longest
+        sequence the policy servers can produce, since verl needs each sequence whole in one micro-batch."""
+        return max(self.micro_batch_tokens, self.max_model_len)
+
+    @property
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
 
@@ -123,6 +139,16 @@ class VerlSettings:
                 f"--temperature {self.temperature:g}: the verl backend records the policy's raw (temperature 1) "
                 "logprobs and recomputes them at temperature 1, so its loss cannot account for tokens sampled at "
                 f"{self.temperature:g}; use --temperature 1 (the default)")
+        for flag, value in (("--max-prompt-length", self.max_prompt_length),
+                            ("--max-response-length", self.max_response_length)):
+            if value < 1:
+                raise VerlConfigError(f"{flag} must be at least 1 token, got {value}")
+        if self.model_max_len is not None and self.max_model_len > self.model_max_len:
+            raise VerlConfigError(
+                f"max prompt length {self.max_prompt_length} + max response length {self.max_response_length} = "
+                f"{self.max_model_len} tokens, more than the model's max_position_embeddings ({self.model_max_len}): "
+                "lower --max-prompt-length/--max-response-length (or the trained upstream's max_prompt_length/"
+                "max_response_length in agl.yaml)")
         if self.device not in DEVICES:
             raise VerlConfigError(f"device {self.device!r}: use one of {', '.join(DEVICES)}")
         if self.gpus_per_node < 1 or self.nnodes < 1:
@@ -220,6 +246,22 @@ def _check_dataclasses(cfg: Any) -> None:
     loss_mode = built["actor_rollout_ref.actor"].policy_loss.loss_mode
     if loss_mode not in verl().core_algos.POLICY_LOSS_REGISTRY:
         raise VerlConfigError(f"policy loss {loss_mode!r} is not in verl's registry")
+
+
+def model_max_len(model_path: str) -> int | None:
+    """The model's own context limit (max_position_embeddings, of its text model for a multimodal one), read from
+    its config.json when the model is a local folder; None for a Hub id (nothing is downloaded to find out)."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for node in (config, config.get("text_config") or {}):
+        value = node.get("max_position_embeddings") if isinstance(node, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def model_path_for(model: str, base_dir: Path) -> str:
