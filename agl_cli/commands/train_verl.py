@@ -96,7 +96,7 @@ def verl_command(
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts: 1 only (verl's loss sees raw logprobs; the agent's top_p is set to 1 too).")] = 1.0,  # noqa: E501
     lora: Annotated[bool, typer.Option(help="Train a LoRA adapter instead of all weights.")] = False,
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora (vLLM serves 1, 8, 16, 32, 64, 128, 256, 320, 512).")] = 16,  # noqa: E501
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora (any: the adapter is merged into the weights vLLM serves).")] = 16,  # noqa: E501
     loss_agg: Annotated[str, typer.Option(help="rollout, token-mean or seq-mean-token-mean.")] = "rollout",
     kl_coef: Annotated[float, typer.Option(help="Weight of the KL penalty to the starting model (with token-mean or seq-mean-token-mean).")] = 0.0,  # noqa: E501
     loop: Annotated[str, typer.Option(help="sync (the verl backend trains synchronously).")] = "sync",

@@ -20,7 +20,7 @@ from typing import Any
 from rl_backend.trainer.verl_backend.loss import ROLLOUT_LOSS, register
 
 TEMPLATE = "verl/ppo_trainer.yaml.j2"
-# vLLM's --max-lora-rank accepts only these.
+# vLLM's --max-lora-rank accepts only these (an adapter it loads may have any rank up to the one set).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEVICES = ("cuda", "cpu")
 POLICY_SERVERS = ("vllm", "embedded")
@@ -164,9 +164,12 @@ class VerlSettings:
             raise VerlConfigError(f"rollout dtype {self.rollout_dtype!r}: use one of {', '.join(ROLLOUT_DTYPES)}")
         if self.policy_server == "embedded" and self.tensor_parallel != 1:
             raise VerlConfigError("the embedded policy server has no tensor parallelism: use --tensor-parallel 1")
-        if self.lora_rank and self.rollout_name == "vllm" and self.lora_rank not in VLLM_LORA_RANKS:
-            raise VerlConfigError(f"LoRA rank {self.lora_rank}: vLLM serves only ranks "
-                                  f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+        # With the adapter merged into the synced weights vLLM never loads a LoRA, so any rank works; unmerged,
+        # verl rounds the rank up to vLLM's next --max-lora-rank, which stops at the largest.
+        if (self.lora_rank and self.rollout_name == "vllm" and not self.lora_merge
+                and self.lora_rank > max(VLLM_LORA_RANKS)):
+            raise VerlConfigError(f"LoRA rank {self.lora_rank}: vLLM serves adapters of rank up to "
+                                  f"{max(VLLM_LORA_RANKS)}")
         if self.lora_rank < 0:
             raise VerlConfigError(f"LoRA rank must be positive, got {self.lora_rank}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
