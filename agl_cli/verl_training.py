@@ -47,12 +47,11 @@ def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, p
     """The VerlSettings of this spec and these options (the GPU topology from the environment a cluster gives the
     trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE). vLLM's tool-call parser: `tool_call_parser` (the flag), else the
     trained upstream's `tool_call_parser:`, else the model family's. Prompt and response lengths likewise: the flag,
-    else the upstream's, else verl_backend.config's defaults."""
+    else the upstream's, else the defaults fitted to the model's context (verl_backend.config.fit_lengths)."""
     from rl_backend.trainer.verl_backend.config import (
-        DEFAULT_PROMPT_LENGTH,
-        DEFAULT_RESPONSE_LENGTH,
         VerlSettings,
         default_attention,
+        fit_lengths,
         model_max_len,
         model_path_for,
     )
@@ -60,6 +59,10 @@ def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, p
 
     upstream = spec.upstreams[trained_upstream(spec)]
     model_path = model_path_for(str(upstream.model), spec.base_dir)
+    limit = model_max_len(model_path)
+    prompt, response = fit_lengths(max_prompt_length if max_prompt_length is not None else upstream.max_prompt_length,
+                                   max_response_length if max_response_length is not None
+                                   else upstream.max_response_length, limit)
     return VerlSettings(
         spec_name=spec.name, model_path=model_path, steps=options.steps,
         lr=options.lr, loss_agg=options.loss_agg, kl_coef=options.kl_coef,
@@ -69,14 +72,8 @@ def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, p
         attn_implementation=default_attention(),
         tool_call_parser=parser_for(model_path, tool_call_parser or upstream.tool_call_parser),
         rollout_dtype=rollout_dtype, temperature=options.temperature,
-        max_prompt_length=_first(max_prompt_length, upstream.max_prompt_length, DEFAULT_PROMPT_LENGTH),
-        max_response_length=_first(max_response_length, upstream.max_response_length, DEFAULT_RESPONSE_LENGTH),
-        model_max_len=model_max_len(model_path),
+        max_prompt_length=prompt, max_response_length=response, model_max_len=limit,
     )
-
-
-def _first(*values: int | None) -> int:
-    return next(v for v in values if v is not None)
 
 
 def render_config(settings: Any) -> tuple[str, Any]:

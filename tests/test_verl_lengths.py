@@ -65,11 +65,20 @@ def test_verls_token_budgets_hold_the_longest_sequence(tmp_path: Path) -> None:
 def test_a_context_beyond_the_models_own_limit_exits_2_naming_it(tmp_path: Path) -> None:
     config = _config(tmp_path, positions=8192)
     assert _lengths(_dry_run(config, "--max-prompt-length", "6144"))[2] == 8192  # exactly the limit fits
-    result = _dry_run(config, "--max-prompt-length", "7000")
+    # An unset response length takes what the prompt leaves; lengths given are kept, and refused when too long.
+    assert _lengths(_dry_run(config, "--max-prompt-length", "7000"))[:3] == (7000, 1192, 8192)
+    result = _dry_run(config, "--max-prompt-length", "7000", "--max-response-length", "2048")
     assert result.exit_code == 2, result.output
     message = " ".join(result.output.split())
     assert "9048 tokens" in message and "max_position_embeddings (8192)" in message
     assert "--max-prompt-length" in message and "agl.yaml" in message
+
+
+def test_unset_lengths_fit_a_small_models_context(tmp_path: Path) -> None:
+    assert _lengths(_dry_run(_config(tmp_path / "a", positions=512)))[:3] == (384, 128, 512)
+    assert _lengths(_dry_run(_config(tmp_path / "b", positions=8192)))[:3] == (4096, 2048, 6144)
+    assert _lengths(_dry_run(_config(tmp_path / "c", positions=512), "--max-response-length", "100"))[:3] == (412, 100,
+                                                                                                              512)
 
 
 @pytest.mark.parametrize("flag", ["--max-prompt-length", "--max-response-length"])

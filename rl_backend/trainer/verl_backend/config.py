@@ -267,6 +267,19 @@ def model_max_len(model_path: str) -> int | None:
     return None
 
 
+def fit_lengths(prompt: int | None, response: int | None, limit: int | None) -> tuple[int, int]:
+    """(prompt, response) lengths: the ones given kept as they are (`check` refuses them if they do not fit), the
+    ones not given at their defaults, shrunk to what the model's context `limit` leaves (512 positions: 384 + 128)."""
+    if limit is None:
+        return (DEFAULT_PROMPT_LENGTH if prompt is None else prompt,
+                DEFAULT_RESPONSE_LENGTH if response is None else response)
+    if response is None:
+        response = max(1, min(DEFAULT_RESPONSE_LENGTH, limit // 4 if prompt is None else limit - prompt))
+    if prompt is None:
+        prompt = max(1, min(DEFAULT_PROMPT_LENGTH, limit - response))
+    return prompt, response
+
+
 def model_path_for(model: str, base_dir: Path) -> str:
     """What verl (and vLLM) load: a local directory (relative to agl.yaml's folder), a known name's local copy (the
     same weights `agl eval` serves, converted once from the packaged GGUF; nothing is downloaded), or the name as
