@@ -213,8 +213,9 @@ def validate(rendered: str, settings: VerlSettings) -> Any:
     # Free-form too: vLLM's own engine and server arguments (agl sets the tool-call parser there).
     OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
     # A field of verl's FSDPEngineConfig that its packaged YAML leaves out (None: bfloat16 parameters).
-    with open_dict(base.actor_rollout_ref.actor.fsdp_config):
-        base.actor_rollout_ref.actor.fsdp_config.mixed_precision = None
+    for role in ("actor", "ref"):  # the reference of a KL penalty is built like the actor (ref.fsdp_config)
+        with open_dict(base.actor_rollout_ref[role].fsdp_config):
+            base.actor_rollout_ref[role].fsdp_config.mixed_precision = None
     # And one of its RolloutConfig (vLLM's --enable-sleep-mode; True there), which vLLM's CPU build does not have.
     with open_dict(base.actor_rollout_ref.rollout):
         base.actor_rollout_ref.rollout.enable_sleep_mode = True
