@@ -13,6 +13,7 @@ Not covered here (no Docker engine, no GPU): the base images themselves (vLLM's 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -113,7 +114,7 @@ def _pod_commands(tmp_path: Path, trainer: str) -> dict[str, list[list[str]]]:
 
 def _help(venv: image_venv.ImageVenv, command: list[str], cwd: Path) -> None:
     """The command's program is on the image's PATH and its subcommand answers --help."""
-    words = [w for w in command if not w.startswith(("-", "/"))]
+    words = list(itertools.takewhile(lambda w: not w.startswith(("-", "/")), command))  # the program, subcommands
     if words[:1] == ["ray"]:  # KubeRay runs `ray start` on head and workers, `ray job submit` in the submitter
         words = ["ray"]
     done = subprocess.run([*words, "--help"], cwd=cwd, env=venv.env(), capture_output=True, text=True, timeout=300)
