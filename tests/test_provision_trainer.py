@@ -83,7 +83,7 @@ def test_the_rendered_trainer_command_is_one_the_verl_trainer_takes() -> None:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--lora", "--lora-rank", "7"], "--lora-rank 7: vLLM serves LoRA ranks 1, 8, 16, 32, 64, 128, 256, 320, 512 only"),
+    (["--lora", "--lora-rank", "0"], "--lora-rank 0: a LoRA rank is at least 1"),
     (["--no-lora", "--lora-rank", "16"], "--lora-rank needs --lora"),
     (["--group-size", "1"], "--group-size must be at least 2"),
     (["--steps", "0"], "--steps must be at least 1"),

@@ -143,3 +143,16 @@ def test_a_lora_run_with_a_kl_penalty_exports_a_peft_adapter(project: Path, tmp_
         assert torch.allclose(with_adapter(input_ids=ids).logits, exported(input_ids=ids).logits, atol=1e-4)
         plain = AutoModelForCausalLM.from_pretrained(project.parent / "tiny", dtype=torch.float32).eval()
         assert not torch.allclose(plain(input_ids=ids).logits, exported(input_ids=ids).logits, atol=1e-4)
+
+
+def test_a_full_weight_run_with_a_kl_penalty_builds_an_fp32_reference_like_the_actor(project: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Without LoRA verl builds a second model, the reference, from `ref.fsdp_config`: on a CPU it must compute as
+    the actor does (float32, no torch.compile), so that before any update the two agree and the KL term is 0."""
+    result = run_agl(["train", str(project), *TRAIN, "--steps", "1", "--lr", "1e-3", "--loss-agg", "token-mean",
+                      "--kl-coef", "0.1"], tmp_path, env=_env(tmp_path / "home"), timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    train = _lines(result.stdout)[-1]["result"]["steps"][0]["metrics"]["train"]
+    # One update, one PPO epoch: the loss is computed on the starting weights, which the reference holds too.
+    assert "kl" in train and abs(train["kl"]) < 1e-5, train
+    assert abs(train["rollout_corr_kl"]) < 1e-3

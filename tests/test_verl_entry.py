@@ -83,7 +83,7 @@ def test_the_provisioned_command_dry_runs_to_a_verl_config(tmp_path: Path, monke
 @needs_verl
 @pytest.mark.parametrize(("flags", "message"), [
     (["--kl-coef", "0.1"], "kl-coef"),
-    (["--lora", "--lora-rank", "12"], "vLLM serves only ranks 1, 8, 16, 32, 64, 128, 256, 320, 512"),
+    (["--lora", "--lora-rank", "-4"], "LoRA rank must be positive, got -4"),
     (["--loop", "collocated-async"], "sync loop"),
     (["--device", "cpu", "--policy-server", "vllm", "--rollout-dtype", "fp8"], "rollout dtype 'fp8'"),
     (["--group-size", "1"], "at least 2"),

@@ -221,7 +221,7 @@ def k8s_command(
     lr: Annotated[Optional[float], typer.Option(help="Trainer: learning rate.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     temperature: Annotated[Optional[float], typer.Option(help="Trainer: sampling temperature of training rollouts.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     lora: Annotated[Optional[bool], typer.Option("--lora/--no-lora", help="Trainer: a LoRA adapter, or all weights.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
-    lora_rank: Annotated[Optional[int], typer.Option(help="Trainer: LoRA rank (1, 8, 16, 32, 64, 128, 256, 320 or 512).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    lora_rank: Annotated[Optional[int], typer.Option(help="Trainer: LoRA rank (any; merged into the weights vLLM serves).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     loss_agg: Annotated[Optional[str], typer.Option(help="Trainer: rollout, token-mean or seq-mean-token-mean.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     kl_coef: Annotated[Optional[float], typer.Option(help="Trainer: weight of the KL penalty to the starting model.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     loop: Annotated[Optional[str], typer.Option(help="Trainer: sync or collocated-async.", rich_help_panel="Training")] = None,  # noqa: UP045,E501

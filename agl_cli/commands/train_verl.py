@@ -94,9 +94,9 @@ def verl_command(
     tasks_per_step: Annotated[int, typer.Option(help="Training tasks per update.")] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per task per update (the GRPO group).")] = 4,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts.")] = 1.0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts: 1 only (verl's loss sees raw logprobs; the agent's top_p is set to 1 too).")] = 1.0,  # noqa: E501
     lora: Annotated[bool, typer.Option(help="Train a LoRA adapter instead of all weights.")] = False,
-    lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora (vLLM serves 1, 8, 16, 32, 64, 128, 256, 320, 512).")] = 16,  # noqa: E501
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank, with --lora (any: the adapter is merged into the weights vLLM serves).")] = 16,  # noqa: E501
     loss_agg: Annotated[str, typer.Option(help="rollout, token-mean or seq-mean-token-mean.")] = "rollout",
     kl_coef: Annotated[float, typer.Option(help="Weight of the KL penalty to the starting model (with token-mean or seq-mean-token-mean).")] = 0.0,  # noqa: E501
     loop: Annotated[str, typer.Option(help="sync (the verl backend trains synchronously).")] = "sync",
@@ -109,6 +109,8 @@ def verl_command(
     gpu_memory_utilization: Annotated[float, typer.Option(help="Share of GPU memory vLLM may take (the trainer shares the GPUs).")] = 0.4,  # noqa: E501
     tool_call_parser: Annotated[str | None, typer.Option(help="vLLM's tool-call parser for agents that send `tools` (hermes, llama3_json, mistral, ...; none: no tool calls). Default: the upstream's `tool_call_parser`, else the model family's.")] = None,  # noqa: E501
     rollout_dtype: Annotated[str | None, typer.Option(help="What vLLM computes in: bfloat16, float16 or float32. Default: float32 on a CPU (as the trainer), bfloat16 on GPUs.")] = None,  # noqa: E501
+    max_prompt_length: Annotated[int | None, typer.Option(help="Longest prompt in tokens (a multi-turn agent's conversation so far) the policy servers take. Default: the trained upstream's max_prompt_length, else 4096.")] = None,  # noqa: E501
+    max_response_length: Annotated[int | None, typer.Option(help="Most tokens in one answer. Default: the trained upstream's max_response_length, else 2048. The two together must fit the model's max_position_embeddings.")] = None,  # noqa: E501
     runs_dir: Annotated[Path | None, typer.Option(help="Where runs live (default $AGL_HOME/runs or .agl/runs).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="With --dry-run: one JSON document (config, settings, environment).")] = False,  # noqa: E501
 ) -> None:
@@ -149,7 +151,8 @@ def verl_command(
     server = policy_server if policy_server != "auto" else "vllm" if chosen == "cuda" else "embedded"
     settings = verl_settings(spec, options, device=chosen, policy_server=server, tensor_parallel=tensor_parallel,
                              gpu_memory_utilization=gpu_memory_utilization, lora_rank=lora_rank,
-                             tool_call_parser=tool_call_parser, rollout_dtype=rollout_dtype)
+                             tool_call_parser=tool_call_parser, rollout_dtype=rollout_dtype,
+                             max_prompt_length=max_prompt_length, max_response_length=max_response_length)
     text, full = render_config(settings)
     if dry_run:
         if json_output:

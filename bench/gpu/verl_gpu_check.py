@@ -17,6 +17,9 @@ what finished; each has `ok` and, when not ok, `why`):
            step-2 rollouts (the calls' model_version)
   lora     --lora --lora-rank 8 --loss-agg token-mean --kl-coef 0.05 --steps 1: the KL to verl's reference policy,
            a PEFT adapter exported, loaded by peft, against the merged model exported beside it
+  bf16     the model's logprobs in bfloat16 against float32 (numerics.py): mean/max difference, KL
+  compile  torch.compile start-up of verl's entropy function (its FSDP engine's default), against eager
+The report's `not_covered` (printed at the end) lists what this check cannot exercise.
 Each `agl` run's stderr (tail) comes back as <stage>.log beside the JSON.
 
 On the GPU machine (device tool; build `.whl` here first with `python bench/gpu/carry.py`, and name `.whl` in the
@@ -436,8 +439,20 @@ def main() -> int:
         agl("lora", "home-lora", ["--steps", "1", "--lr", "1e-2", "--lora", "--lora-rank", "8", "--loss-agg",
                                   "token-mean", "--kl-coef", "0.05"],
             lambda run: stage_lora(run, work / "project" / "model"), share=1.0)
+    from numerics import NOT_COVERED, stage_bf16, stage_compile  # beside this script (sys.path[0])
+
+    if project["ok"] and deadline - time.monotonic() > 30:
+        check.stage("bf16", lambda: stage_bf16(work / "project" / "model", args.device))
+    else:
+        check.skip("bf16", "no project" if not project["ok"] else f"{budget:.0f} s budget spent")
+    if deadline - time.monotonic() > 30:
+        check.stage("compile", lambda: stage_compile(args.device))
+    else:
+        check.skip("compile", f"{budget:.0f} s budget spent")
     summary = {name: bool(stage.get("ok")) for name, stage in check.report["stages"].items()}
     check.report["summary"] = summary
+    check.report["not_covered"] = list(NOT_COVERED)
+    print("not covered by this check:\n" + "\n".join(f"  - {item}" for item in NOT_COVERED), flush=True)
     check.write()
     print(json.dumps(digest(check.report, envinfo), default=str), flush=True)  # what the device's output tail shows
     return 0 if all(summary.values()) else 1
@@ -451,6 +466,7 @@ def digest(report: dict[str, Any], envinfo: dict[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"ok": stage.get("ok"), "why": stage.get("why"), "s": stage.get("stage_s")}
         if stage.get("steps"):
             row["last_step"] = {k: stage["steps"][-1].get(k) for k in ("step", *keys)}
+        row.update({k: stage[k] for k in ("mean_abs_logprob_diff", "max_kl_fp32_bf16", "first_call_s") if k in stage})
         if stage.get("gpu"):
             row["gpu_peak_mib"] = stage["gpu"]["peak_memory_used_mib"]
             row["policy_server_on_gpu"] = stage["gpu"]["policy_server_on_gpu"]

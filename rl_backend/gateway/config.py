@@ -62,6 +62,17 @@ class UpstreamSpec(BaseModel):
         "llama3_json, mistral, ...; `none`: no tool calls); default: the one of the model's family",
     )
 
+    max_prompt_length: int | None = Field(
+        default=None, ge=1,
+        description="embedded, trained by `agl train --backend verl`: the longest prompt in tokens (a multi-turn "
+        "agent's whole conversation so far) the policy servers (vLLM) take; default 4096",
+    )
+    max_response_length: int | None = Field(
+        default=None, ge=1,
+        description="embedded, trained by `agl train --backend verl`: the most tokens one answer may have; default "
+        "2048. vLLM's context is the two together, which must fit the model's own limit",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> UpstreamSpec:
         if self.kind == "embedded" and not self.model:

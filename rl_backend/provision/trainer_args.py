@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from rl_backend.trainer.verl_backend.config import VLLM_LORA_RANKS as LORA_RANKS
-
 LOOPS = ("sync",)  # the verl trainer collects a batch, updates, syncs the weights (collocated-async is the torch one's)
 LOSS_AGGS = ("rollout", "token-mean", "seq-mean-token-mean")
 
@@ -52,9 +50,9 @@ class TrainerArgs:
         if self.lr is not None and self.lr == 0:
             raise TrainerArgsError("--lr must be above 0")
         if self.lora_rank is not None:
-            if self.lora_rank not in LORA_RANKS:
-                raise TrainerArgsError(f"--lora-rank {self.lora_rank}: vLLM serves LoRA ranks "
-                                       f"{', '.join(map(str, LORA_RANKS))} only")
+            # The trainer merges the adapter into the weights vLLM serves: any positive rank works.
+            if self.lora_rank < 1:
+                raise TrainerArgsError(f"--lora-rank {self.lora_rank}: a LoRA rank is at least 1")
             if self.lora is False:
                 raise TrainerArgsError("--lora-rank needs --lora (with --no-lora the trainer updates all weights)")
         if self.loss_agg is not None and self.loss_agg not in LOSS_AGGS:

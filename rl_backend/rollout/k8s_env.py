@@ -156,6 +156,9 @@ def build_pod_env(
     deny_env: Iterable[str] = (),
 ) -> PodEnv:
     kept, withheld = pod_env(env, rollout_id, gateway_url=gateway_url, pass_env=pass_env, deny_env=deny_env)
+    # The pod's uid need not own a home in the image, and its root filesystem is read-only: tools that write under
+    # $HOME (pip, git, caches) get the writable /tmp emptyDir unless agent.env/kubernetes.env say otherwise.
+    kept["HOME"] = "/tmp"
     kept.update(fixed_env)  # the spec's fixed values are the user's explicit choice for the pod
     output = env.get("AGL_OUTPUT_FILE")
     files = rollout_files(rollout_dir, skip=[Path(output)] if output else [])

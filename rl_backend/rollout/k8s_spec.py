@@ -37,10 +37,11 @@ class ResourcesSpec(_Strict):
 
 
 class SecuritySpec(_Strict):
-    # 65532 is the conventional "nonroot" user of distroless images; any non-zero uid satisfies runAsNonRoot.
-    run_as_user: int | None = Field(default=65532, ge=1, description="uid of the agent's process (never root)")
-    run_as_group: int | None = Field(default=65532, ge=1, description="gid of the agent's process")
-    fs_group: int | None = Field(default=65532, ge=1, description="group that owns the mounted volumes")
+    # 10001 is the user of agl's images (docker/*.Dockerfile): an agent image built FROM agl-runtime with
+    # `COPY --chown=10001:10001` (docker/README.md) owns its files as the process that runs it.
+    run_as_user: int | None = Field(default=10001, ge=1, description="uid of the agent's process (never root)")
+    run_as_group: int | None = Field(default=10001, ge=1, description="gid of the agent's process")
+    fs_group: int | None = Field(default=10001, ge=1, description="group that owns the mounted volumes")
     read_only_root_filesystem: bool = Field(
         default=True, description="only /tmp and the rollout folder are writable; false when the agent must write "
         "elsewhere"

@@ -20,11 +20,15 @@ from typing import Any
 from rl_backend.trainer.verl_backend.loss import ROLLOUT_LOSS, register
 
 TEMPLATE = "verl/ppo_trainer.yaml.j2"
-# vLLM's --max-lora-rank accepts only these.
+# vLLM's --max-lora-rank accepts only these (an adapter it loads may have any rank up to the one set).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEVICES = ("cuda", "cpu")
 POLICY_SERVERS = ("vllm", "embedded")
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+DEFAULT_PROMPT_LENGTH = 4096
+DEFAULT_RESPONSE_LENGTH = 2048
 
 
 class VerlConfigError(ValueError):
@@ -52,8 +56,9 @@ class VerlSettings:
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: int = 32
     micro_batch_tokens: int = 16384
-    max_prompt_length: int = 4096
-    max_response_length: int = 2048
+    max_prompt_length: int = DEFAULT_PROMPT_LENGTH
+    max_response_length: int = DEFAULT_RESPONSE_LENGTH
+    model_max_len: int | None = None  # the model's max_position_embeddings, when its config.json is at hand
     tensor_parallel: int = 1
     gpu_memory_utilization: float = 0.4  # the rollout servers share the GPUs with the FSDP trainer
     nnodes: int = 1
@@ -67,6 +72,10 @@ class VerlSettings:
     # vLLM's tool-call parser (its --tool-call-parser), None: tool calls off (vllm_tools.py picks one per family).
     tool_call_parser: str | None = None
     rollout_dtype: str | None = None  # what vLLM computes in; None: float32 on a CPU (as the actor), else bfloat16
+    # The training sampler's temperature (--temperature). The policy servers record raw logprobs (vLLM's
+    # logprobs_mode raw_logprobs, the embedded engine's only kind) and the actor recomputes at temperature 1, so
+    # only 1 describes the distribution the tokens are drawn from.
+    temperature: float = 1.0
 
     @property
     def policy_loss(self) -> str:
@@ -94,6 +103,17 @@ class VerlSettings:
         return self.rollout_dtype or ("float32" if self.device == "cpu" else "bfloat16")
 
     @property
+    def max_model_len(self) -> int:
+        """vLLM's context: the longest prompt plus the longest answer."""
+        return self.max_prompt_length + self.max_response_length
+
+    @property
+    def token_budget(self) -> int:
+        """verl's per-GPU token budgets (update and logprob recompute): `micro_batch_tokens`, raised to the longest
+        sequence the policy servers can produce, since verl needs each sequence whole in one micro-batch."""
+        return max(self.micro_batch_tokens, self.max_model_len)
+
+    @property
     def world_size(self) -> int:
         return self.nnodes * self.gpus_per_node
 
@@ -112,6 +132,23 @@ class VerlSettings:
             # weights, which would make the KL dwarf the policy loss.
             raise VerlConfigError("--kl-coef > 0 with --loss-agg rollout is not supported by the verl backend: use "
                                   "--kl-coef 0, or --loss-agg token-mean with a KL penalty")
+        if self.temperature != 1.0:
+            # Tokens drawn at another temperature come from a distribution neither the recorded nor the recomputed
+            # logprobs describe: the rollout correction would see weights near 1 and the gradient would be biased.
+            raise VerlConfigError(
+                f"--temperature {self.temperature:g}: the verl backend records the policy's raw (temperature 1) "
+                "logprobs and recomputes them at temperature 1, so its loss cannot account for tokens sampled at "
+                f"{self.temperature:g}; use --temperature 1 (the default)")
+        for flag, value in (("--max-prompt-length", self.max_prompt_length),
+                            ("--max-response-length", self.max_response_length)):
+            if value < 1:
+                raise VerlConfigError(f"{flag} must be at least 1 token, got {value}")
+        if self.model_max_len is not None and self.max_model_len > self.model_max_len:
+            raise VerlConfigError(
+                f"max prompt length {self.max_prompt_length} + max response length {self.max_response_length} = "
+                f"{self.max_model_len} tokens, more than the model's max_position_embeddings ({self.model_max_len}): "
+                "lower --max-prompt-length/--max-response-length (or the trained upstream's max_prompt_length/"
+                "max_response_length in agl.yaml)")
         if self.device not in DEVICES:
             raise VerlConfigError(f"device {self.device!r}: use one of {', '.join(DEVICES)}")
         if self.gpus_per_node < 1 or self.nnodes < 1:
@@ -127,9 +164,12 @@ class VerlSettings:
             raise VerlConfigError(f"rollout dtype {self.rollout_dtype!r}: use one of {', '.join(ROLLOUT_DTYPES)}")
         if self.policy_server == "embedded" and self.tensor_parallel != 1:
             raise VerlConfigError("the embedded policy server has no tensor parallelism: use --tensor-parallel 1")
-        if self.lora_rank and self.rollout_name == "vllm" and self.lora_rank not in VLLM_LORA_RANKS:
-            raise VerlConfigError(f"LoRA rank {self.lora_rank}: vLLM serves only ranks "
-                                  f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+        # With the adapter merged into the synced weights vLLM never loads a LoRA, so any rank works; unmerged,
+        # verl rounds the rank up to vLLM's next --max-lora-rank, which stops at the largest.
+        if (self.lora_rank and self.rollout_name == "vllm" and not self.lora_merge
+                and self.lora_rank > max(VLLM_LORA_RANKS)):
+            raise VerlConfigError(f"LoRA rank {self.lora_rank}: vLLM serves adapters of rank up to "
+                                  f"{max(VLLM_LORA_RANKS)}")
         if self.lora_rank < 0:
             raise VerlConfigError(f"LoRA rank must be positive, got {self.lora_rank}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
@@ -173,8 +213,9 @@ def validate(rendered: str, settings: VerlSettings) -> Any:
     # Free-form too: vLLM's own engine and server arguments (agl sets the tool-call parser there).
     OmegaConf.set_struct(base.actor_rollout_ref.rollout.engine_kwargs.vllm, False)
     # A field of verl's FSDPEngineConfig that its packaged YAML leaves out (None: bfloat16 parameters).
-    with open_dict(base.actor_rollout_ref.actor.fsdp_config):
-        base.actor_rollout_ref.actor.fsdp_config.mixed_precision = None
+    for role in ("actor", "ref"):  # the reference of a KL penalty is built like the actor (ref.fsdp_config)
+        with open_dict(base.actor_rollout_ref[role].fsdp_config):
+            base.actor_rollout_ref[role].fsdp_config.mixed_precision = None
     # And one of its RolloutConfig (vLLM's --enable-sleep-mode; True there), which vLLM's CPU build does not have.
     with open_dict(base.actor_rollout_ref.rollout):
         base.actor_rollout_ref.rollout.enable_sleep_mode = True
@@ -209,6 +250,35 @@ def _check_dataclasses(cfg: Any) -> None:
     loss_mode = built["actor_rollout_ref.actor"].policy_loss.loss_mode
     if loss_mode not in verl().core_algos.POLICY_LOSS_REGISTRY:
         raise VerlConfigError(f"policy loss {loss_mode!r} is not in verl's registry")
+
+
+def model_max_len(model_path: str) -> int | None:
+    """The model's own context limit (max_position_embeddings, of its text model for a multimodal one), read from
+    its config.json when the model is a local folder; None for a Hub id (nothing is downloaded to find out)."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for node in (config, config.get("text_config") or {}):
+        value = node.get("max_position_embeddings") if isinstance(node, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_lengths(prompt: int | None, response: int | None, limit: int | None) -> tuple[int, int]:
+    """(prompt, response) lengths: the ones given kept as they are (`check` refuses them if they do not fit), the
+    ones not given at their defaults, shrunk to what the model's context `limit` leaves (512 positions: 384 + 128)."""
+    if limit is None:
+        return (DEFAULT_PROMPT_LENGTH if prompt is None else prompt,
+                DEFAULT_RESPONSE_LENGTH if response is None else response)
+    if response is None:
+        response = max(1, min(DEFAULT_RESPONSE_LENGTH, limit // 4 if prompt is None else limit - prompt))
+    if prompt is None:
+        prompt = max(1, min(DEFAULT_PROMPT_LENGTH, limit - response))
+    return prompt, response
 
 
 def model_path_for(model: str, base_dir: Path) -> str:

@@ -7,9 +7,10 @@ on the CPU, and its workers reach the device through the platform object. So agl
 FSDP engine, old-logprob recompute, checkpoints, weight sync) then runs in CI, with only the device swapped and the
 policy server either agl's embedded engine (embedded_policy.py) or vLLM's CPU build (vllm_cpu.py).
 
-Two things differ from a GPU and are handled where they arise: verl builds its process group with the backend
+Three things differ from a GPU and are handled where they arise: verl builds its process group with the backend
 string "cpu:gloo,<device>:<backend>", which torch rejects when both halves name the CPU (worker.py initializes a
-plain gloo group first), and the FSDP1 wrapper needs an accelerator (the CPU config uses strategy fsdp2).
+plain gloo group first), the FSDP1 wrapper needs an accelerator (the CPU config uses strategy fsdp2), and so does
+the pinned memory of the reference model's offload policy (unpinned here).
 """
 
 from __future__ import annotations
@@ -139,8 +140,26 @@ def register() -> str:
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
+    _unpin_offload()
     engines = EngineRegistry._engines.get("language_model", {})
     if PLATFORM not in engines.get("fsdp2", {}):
         EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=PLATFORM)(
             FSDPEngineWithLMHead)
     return PLATFORM
+
+
+def _unpin_offload() -> None:
+    """verl's FSDP2 engine keeps a forward-only model (the reference policy of a KL penalty without LoRA) under
+    `CPUOffloadPolicy(pin_memory=True)`; pinning needs an accelerator ("Cannot access accelerator device"), and on a
+    CPU the parameters already live where offloading puts them: same policy, unpinned."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    policy = transformer_impl.CPUOffloadPolicy
+    if policy is None or getattr(policy, "agl_unpinned", False):
+        return
+
+    def unpinned(*args: Any, **kwargs: Any) -> Any:
+        return policy(*args, **{**kwargs, "pin_memory": False})
+
+    unpinned.agl_unpinned = True  # type: ignore[attr-defined]
+    transformer_impl.__dict__["CPUOffloadPolicy"] = unpinned  # the name the engine calls at build time
