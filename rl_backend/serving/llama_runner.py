@@ -177,23 +177,28 @@ class LlamaRunner:
         pos = torch.tensor(positions, dtype=torch.long)
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self._embed)
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
-        group = self.heads // self.kv_heads
-        scale = self.head_dim**-0.5
         for index, layer in enumerate(layers):
             q, kv = self._qkv(layer, x, cos, sin)
-            # A single query per row: the query heads sharing a key head become that head's query rows. Plain
-            # products rather than scaled_dot_product_attention, whose fixed cost per call dominates at this size.
-            q = (q * scale).view(len(seqs), self.kv_heads, group, self.head_dim)
-            outs = []
-            for row, (seq, n) in enumerate(zip(seqs, positions, strict=True)):
-                cache = seq.kv[index]
-                cache[:, :, n] = kv[row]
-                weights = torch.softmax(torch.matmul(q[row], cache[0, :, : n + 1].transpose(1, 2)), dim=-1)
-                outs.append(torch.matmul(weights, cache[1, :, : n + 1]).view(1, -1))
-            x = self._finish_layer(layer, x, torch.cat(outs) if len(outs) > 1 else outs[0])
+            x = self._finish_layer(layer, x, self._decode_attention(index, seqs, positions, q, kv))
         for seq, token in zip(seqs, tokens, strict=True):
             seq.tokens.append(token)
         return self._logits(x)
+
+    def _decode_attention(
+        self, index: int, seqs: list[SeqKV], positions: list[int], q: torch.Tensor, kv: torch.Tensor
+    ) -> torch.Tensor:
+        """Store each row's new key and value in layer `index`'s cache and attend its one query over its own keys."""
+        # A single query per row: the query heads sharing a key head become that head's query rows. Plain
+        # products rather than scaled_dot_product_attention, whose fixed cost per call dominates at this size.
+        # (Rows batched into one product over a span padded per row measured no faster: per row is kept.)
+        q = (q * self.head_dim**-0.5).view(len(seqs), self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        outs = []
+        for row, (seq, n) in enumerate(zip(seqs, positions, strict=True)):
+            cache = seq.kv[index]
+            cache[:, :, n] = kv[row]
+            weights = torch.softmax(torch.matmul(q[row], cache[0, :, : n + 1].transpose(1, 2)), dim=-1)
+            outs.append(torch.matmul(weights, cache[1, :, : n + 1]).view(1, -1))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [rows, heads, dim] and new keys and values [rows, 2, kv_heads, dim], rotary embeddings applied."""
