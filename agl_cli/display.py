@@ -9,7 +9,7 @@ from rich.text import Text
 from agl_cli.metrics.cost import month_column, per_month_text, per_task_text
 from agl_cli.metrics.fmt import count, pct, seconds
 from agl_cli.metrics.variant import VariantMetrics, rough_note
-from agl_cli.volume import Volume
+from agl_cli.spec.volume import Volume
 
 
 def variant_table(summaries: list[VariantMetrics], *, title: str, volume: Volume | None = None) -> Table:

@@ -160,7 +160,7 @@ def _sections(model: type[BaseModel], path: str) -> Iterator[tuple[str, type[Bas
 
 
 def spec_reference() -> str:
-    from agl_cli.spec import ExperimentSpec
+    from agl_cli.spec.schema import ExperimentSpec
 
     out = [
         "# agl.yaml reference", "", NOTICE, "",

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from agl_cli import advise as advise_module
 from agl_cli.main import app
-from agl_cli.rundir import RunDir
+from agl_cli.runs.rundir import RunDir
+from agl_cli.training import advise as advise_module
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, RewardSource, Rollout, RolloutStatus
 

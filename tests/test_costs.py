@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agl_cli.costs import paired_cost
+from agl_cli.evaluation.served import ServedModels, same_model, served_models
 from agl_cli.metrics.fmt import usd
+from agl_cli.metrics.rollout_costs import paired_cost
 from agl_cli.metrics.variant import measure
 from agl_cli.optimize.objectives import Constraints, breach, choose, pareto_front
-from agl_cli.served import ServedModels, same_model, served_models
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import (
     Api,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from agl_cli import docgen
 from agl_cli.main import app
-from agl_cli.spec import ExperimentSpec
+from agl_cli.spec.schema import ExperimentSpec
 from tests.helpers import REPO
 
 

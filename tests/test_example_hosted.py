@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from agl_cli.errors import ConfigError
-from agl_cli.spec import load_spec
+from agl_cli.spec.schema import load_spec
 from rl_backend.gateway.config import UpstreamSpec
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import Harness

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agl_cli.spec import load_spec
-from agl_cli.tasks import load_tasks
+from agl_cli.spec.schema import load_spec
+from agl_cli.spec.tasks import load_tasks
 from tests.helpers import REPO, run_agl
 
 QUICKSTART = REPO / "examples" / "quickstart"

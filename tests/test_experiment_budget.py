@@ -133,7 +133,7 @@ def test_a_per_run_budget_is_not_summed_across_runs(tmp_path: Path, fake_server:
 
 def test_runs_of_an_experiment_budget_go_one_at_a_time(tmp_path: Path, fake_server: FakeUpstream) -> None:
     """A run started while another run of the spec is running could spend the same remainder: refused, naming it."""
-    from agl_cli.rundir import RunDir
+    from agl_cli.runs.rundir import RunDir
     from rl_backend.store.runlock import RunLock
 
     write_paid_spec(tmp_path, fake_server, {"usd": 1.0, "scope": "experiment"})

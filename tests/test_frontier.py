@@ -25,15 +25,15 @@ from rich.console import Console
 from agl_cli.display import variant_table
 from agl_cli.errors import UsageError
 from agl_cli.metrics.cost import at_volume, cost_fields, difference_at_volume
+from agl_cli.metrics.stats import Estimate
 from agl_cli.metrics.variant import measure
 from agl_cli.optimize.frontier import ends, frontier, members
 from agl_cli.optimize.objectives import pareto_front
 from agl_cli.optimize.racing import decide_round
 from agl_cli.optimize.space import parse_option
 from agl_cli.optimize.study import StudyOptions, prepare
-from agl_cli.spec import load_spec
-from agl_cli.stats import Estimate
-from agl_cli.volume import DAYS_PER_MONTH, parse_volume
+from agl_cli.spec.schema import load_spec
+from agl_cli.spec.volume import DAYS_PER_MONTH, parse_volume
 from rl_backend.store.records import CallTotals, RewardSource, Rollout, RolloutStatus
 from tests.helpers import FIXTURES, invoke_agl, run_agl, write_tasks
 from tests.helpers.triage_provider import (

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from agl_cli.train_async import GatewayGate
+from agl_cli.training.async_job import GatewayGate
 from rl_backend.gateway.fake.harness import Harness
 
 MSGS: Any = [{"role": "user", "content": "hello there"}]

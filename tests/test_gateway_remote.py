@@ -208,7 +208,7 @@ def test_in_a_pod_the_processes_a_run_starts_do_not_inherit_the_admin_token(
     import subprocess
     import sys
 
-    from agl_cli.services import remote_services
+    from agl_cli.evaluation.services import remote_services
 
     monkeypatch.setenv("AGL_GATEWAY_URL", h.base_url)
     monkeypatch.setenv("AGL_GATEWAY_ADMIN_TOKEN", ADMIN)

@@ -55,9 +55,9 @@ SNOOP = textwrap.dedent('''
 SCENARIO = textwrap.dedent('''
     import asyncio, json, os, sys
     from pathlib import Path
-    from agl_cli.evaluation import AGL_CREDENTIALS
-    from agl_cli.grading import Grader
-    from agl_cli.spec import load_spec
+    from agl_cli.evaluation.runner import AGL_CREDENTIALS
+    from agl_cli.evaluation.grading import Grader
+    from agl_cli.spec.schema import load_spec
 
     folder = Path(sys.argv[1])
     spec = load_spec(folder / "agl.yaml")

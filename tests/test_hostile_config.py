@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from agl_cli.errors import ConfigError
 from agl_cli.main import app
-from agl_cli.spec import load_spec
+from agl_cli.spec.schema import load_spec
 from tests.helpers import write_spec
 
 BASE = """\
@@ -116,7 +116,7 @@ def test_task_id_must_be_a_string_or_an_integer(tmp_path: Path, task_id: object)
 
 def test_integer_task_ids_still_work(tmp_path: Path) -> None:
     write_spec(tmp_path, [{"id": 7}, {"id": "t8"}])
-    from agl_cli.tasks import load_tasks
+    from agl_cli.spec.tasks import load_tasks
 
     assert [t.id for t in load_tasks(load_spec(tmp_path / "agl.yaml"))] == ["7", "t8"]
 

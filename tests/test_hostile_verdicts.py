@@ -15,7 +15,7 @@ import pytest
 
 from agl_cli.errors import UsageError
 from agl_cli.report.gate import regression_verdict
-from agl_cli.rundir import RunDir
+from agl_cli.runs.rundir import RunDir
 from rl_backend.store.db import RunStore
 from tests.helpers import AGL, FIXTURES, agl_env, invoke_agl, run_agl, wait_for, write_spec
 

@@ -19,8 +19,8 @@ import yaml
 from typer.testing import CliRunner
 
 from agl_cli.main import app
-from agl_cli.prices import price_table, unpriced_models
-from agl_cli.spec import load_spec
+from agl_cli.spec.prices import price_table, unpriced_models
+from agl_cli.spec.schema import load_spec
 from rl_backend.gateway.pricing import Usage
 from rl_backend.gateway.resolver import describe
 from tests.helpers import AGL, agl_env

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from agl_cli.commands.init_cmd import SMOKE_TASKS
 from agl_cli.main import app
-from agl_cli.spec import load_spec
+from agl_cli.spec.schema import load_spec
 from tests.helpers import REPO
 
 SKILL = REPO / "skills" / "agent-lightning"

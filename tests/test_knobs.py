@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from agl_cli.errors import ConfigError, UsageError
-from agl_cli.spec import load_spec
-from agl_cli.variants import baseline, grid, no_knobs, parse_variant
+from agl_cli.spec.schema import load_spec
+from agl_cli.spec.variants import baseline, grid, no_knobs, parse_variant
 from rl_backend.gateway.fake import FakeUpstream
 from rl_backend.gateway.fake.harness import UPSTREAM_KEY
 from rl_backend.gateway.knobs import knobs_for_call, validate_knobs

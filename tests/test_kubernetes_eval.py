@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agl_cli.spec import ExperimentSpec
+from agl_cli.spec.schema import ExperimentSpec
 from rl_backend.rollout.k8s_spec import KubernetesSpec
 from tests.helpers.kubelet import cluster_in_thread
 

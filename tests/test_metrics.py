@@ -17,8 +17,8 @@ from agl_cli.metrics.run import run_pass_threshold
 from agl_cli.metrics.variant import measure
 from agl_cli.report import write_report
 from agl_cli.report.collect import collect
-from agl_cli.rundir import RunDir
-from agl_cli.spec import ExperimentSpec, load_spec
+from agl_cli.runs.rundir import RunDir
+from agl_cli.spec.schema import ExperimentSpec, load_spec
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD
 from rl_backend.store.records import CallTotals, FailureKind, RewardSource, Rollout, RolloutStatus
 from tests.helpers import invoke_agl, write_spec
@@ -97,7 +97,7 @@ def test_training_counts_a_pass_as_everything_else_does(tmp_path: Path) -> None:
     """The sync loop's pass rate at the default threshold, and at the spec's when agl_cli hands it over."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from agl_cli.training import TrainOptions, loop_config
+    from agl_cli.training.sync_job import TrainOptions, loop_config
     from rl_backend.store.db import RunStore
     from rl_backend.trainer.loop import LoopConfig, TrainingLoop
     from rl_backend.trainer.torch_backend import TorchTrainer, TrainerConfig

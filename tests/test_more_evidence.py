@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agl_cli.more_evidence import likely_better
+from agl_cli.metrics.more_evidence import likely_better
 from tests.helpers import FIXTURES, run_agl
 
 

@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 import yaml
 
-from agl_cli.evaluation import PlannedRollout
+from agl_cli.evaluation.runner import PlannedRollout
+from agl_cli.metrics.stats import Estimate
 from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.optimize.cache import IMPORTED_META, ResultCache, agent_version
 from agl_cli.optimize.objectives import Constraints, choose, pareto_front
 from agl_cli.optimize.racing import decide_round, race, schedule
 from agl_cli.optimize.study import Ledger
-from agl_cli.rundir import RunDir
-from agl_cli.spec import load_spec
-from agl_cli.stats import Estimate
-from agl_cli.tasks import Task
-from agl_cli.variants import Variant
+from agl_cli.runs.rundir import RunDir
+from agl_cli.spec.schema import load_spec
+from agl_cli.spec.tasks import Task
+from agl_cli.spec.variants import Variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, Rollout, RolloutStatus
 from tests.helpers import FIXTURES, agl_env, invoke_agl, run_agl

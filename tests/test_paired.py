@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from agl_cli.paired import (
+from agl_cli.metrics.paired import (
     BETTER,
     NO_DIFFERENCE,
     WORSE,

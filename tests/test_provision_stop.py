@@ -31,8 +31,8 @@ TRAINER = textwrap.dedent('''
     import asyncio, sys
     from pathlib import Path
 
-    from agl_cli.controllers import run_then_close
-    from agl_cli.interrupts import TermAsInterrupt
+    from agl_cli.evaluation.controllers import run_then_close
+    from agl_cli.evaluation.interrupts import TermAsInterrupt
     from rl_backend.rollout.k8s_spec import KubernetesSpec
     from rl_backend.rollout.kubernetes import KubernetesController
     from rl_backend.trainer.verl_backend.trainer import _init_ray
@@ -148,8 +148,8 @@ def test_a_training_run_runs_one_plan_after_another_on_kubernetes(tmp_path: Path
     at the end (deleting the plan's Jobs): the next plan must still run its rollouts as Jobs."""
     from types import SimpleNamespace
 
-    from agl_cli.spec import load_spec
-    from agl_cli.training import run_plan
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.training.sync_job import run_plan
     from tests.helpers.k8s_rollouts import make_job
 
     (tmp_path / "agent.py").write_text((Path(__file__).parent / "helpers" / "k8s_rollouts.py").read_text()
@@ -166,7 +166,7 @@ def test_a_training_run_runs_one_plan_after_another_on_kubernetes(tmp_path: Path
                                    "startup_allowance_s": 0, "create_qps": 50, "watch_timeout_s": 1}}
         (tmp_path / "agl.yaml").write_text(yaml.safe_dump(spec_doc, sort_keys=False))
         spec = load_spec(tmp_path / "agl.yaml")
-        from agl_cli.controllers import make_controller
+        from agl_cli.evaluation.controllers import make_controller
 
         results: list[object] = []
 

@@ -28,7 +28,7 @@ import yaml
 from rich.console import Console
 
 from agl_cli.commands.train_k8s import target_from_spec  # noqa: E402
-from agl_cli.spec import load_spec  # noqa: E402
+from agl_cli.spec.schema import load_spec  # noqa: E402
 from rl_backend.provision.options import Names, ProvisionOptions  # noqa: E402
 from rl_backend.provision.session import ProvisionResult, provision  # noqa: E402
 from rl_backend.provision.target import TrainTarget  # noqa: E402

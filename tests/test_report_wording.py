@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agl_cli.report import write_report
-from agl_cli.rundir import RunDir
+from agl_cli.runs.rundir import RunDir
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import RewardSource, Rollout, RolloutStatus
 

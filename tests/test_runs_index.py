@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from agl_cli.errors import UsageError
 from agl_cli.main import app
 from agl_cli.optimize.cache import ResultCache
-from agl_cli.rundir import RunDir, RunsIndex, find_run
-from agl_cli.verl_training import newest_verl_run
+from agl_cli.runs.rundir import RunDir, RunsIndex, find_run
+from agl_cli.training.verl_job import newest_verl_run
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, FailureKind, RewardSource, Rollout, RolloutStatus
 from rl_backend.store.schema import MIGRATIONS

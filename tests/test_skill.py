@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 SKILL = REPO / "skills" / "agent-lightning"
 # Files whose text may name agl invocations: the skill itself, and advise's hints, which the skill relays.
 TEXT_FILES = [*sorted(SKILL.rglob("*.md")), *sorted((SKILL / "scripts").glob("*.py")), SKILL / "agents" / "openai.yaml",
-              REPO / "agl_cli" / "advise.py"]
+              REPO / "agl_cli" / "training" / "advise.py"]
 
 
 def _frontmatter(text: str) -> tuple[dict[str, object], str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agl_cli.rundir import RunDir
+from agl_cli.runs.rundir import RunDir
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Api, CallRecord, FailureKind, RewardSource, Rollout, RolloutStatus
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from agl_cli.errors import ConfigError
-from agl_cli.spec import SplitByFractions, load_spec
-from agl_cli.tasks import load_tasks, select_tasks
-from agl_cli.variants import baseline, grid, parse_variant
+from agl_cli.spec.schema import SplitByFractions, load_spec
+from agl_cli.spec.tasks import load_tasks, select_tasks
+from agl_cli.spec.variants import baseline, grid, parse_variant
 from tests.helpers import invoke_agl, write_tasks
 
 GOOD = """\

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agl_cli.errors import ConfigError
-from agl_cli.spec import load_spec
+from agl_cli.spec.schema import load_spec
 
 SPEC = """\
 name: "${STUDY:-triage}"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from agl_cli.stats import MIN_BOOTSTRAP_TASKS, bootstrap_mean, mean_reward, percentile, proportion, wilson_interval
+from agl_cli.metrics.stats import MIN_BOOTSTRAP_TASKS, bootstrap_mean, mean_reward, percentile, proportion, wilson_interval
 
 
 def test_wilson_matches_hand_computation() -> None:

@@ -138,9 +138,9 @@ def test_dates_ids_and_numbers_do_not_make_tickets_alike(tmp_path: Path) -> None
     assert "created" not in found["fields_checked"] and "received" not in found["fields_checked"]
     assert found["tasks_with_a_near_duplicate"] == {} and found["similar_text_total"] == 0
     # Two tickets the same but for their numbers and dates are still alike: numbers tell apart, never match.
-    from agl_cli.near_duplicates import clusters
-    from agl_cli.spec import load_spec
-    from agl_cli.tasks import load_tasks
+    from agl_cli.spec.near_duplicates import clusters
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.spec.tasks import load_tasks
 
     copy = dict(tickets[0], id="TCK-2000", created="2024-04-30 17:55", received="Tuesday, April 30 2024", order=1)
     copy["body"] = tickets[0]["body"] + " order 99812 ref 2024/77"
@@ -150,16 +150,16 @@ def test_dates_ids_and_numbers_do_not_make_tickets_alike(tmp_path: Path) -> None
 
 
 def _same_split(spec: Path, a: str, b: str) -> bool:
-    from agl_cli.spec import load_spec
-    from agl_cli.tasks import load_tasks
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.spec.tasks import load_tasks
 
     split = {t.id: t.split for t in load_tasks(load_spec(spec))}
     return split[a] == split[b]
 
 
 def test_a_split_grouped_by_a_field_keeps_each_value_in_one_split(tmp_path: Path) -> None:
-    from agl_cli.spec import load_spec
-    from agl_cli.tasks import load_tasks
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.spec.tasks import load_tasks
 
     tickets = _dated_tickets()
     split = {"fractions": {"train": 0.5, "val": 0.25, "test": 0.25}, "seed": 1, "group_by": "customer"}

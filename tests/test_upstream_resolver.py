@@ -1,5 +1,5 @@
 """One way from agl.yaml's upstreams to the gateway's: the routing of a lone upstream, what is free, API keys, and the
-budget check, alike for `agl eval` (agl_cli/services.py) and `agl gateway serve` (rl_backend/gateway/resolver.py)."""
+budget check, alike for `agl eval` (agl_cli/evaluation/services.py) and `agl gateway serve` (rl_backend/gateway/resolver.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from agl_cli.errors import ConfigError
-from agl_cli.prices import check_budget_prices
-from agl_cli.services import running_services
-from agl_cli.spec import load_spec
+from agl_cli.evaluation.services import running_services
+from agl_cli.spec.prices import check_budget_prices
+from agl_cli.spec.schema import load_spec
 from rl_backend.gateway.config import UpstreamSpec
 from rl_backend.gateway.fake import openai_shapes
 from rl_backend.gateway.fake.replies import chat_reply

@@ -53,7 +53,7 @@ def _settings(**kw: Any) -> vconfig.VerlSettings:
 
 
 def _rendered(settings: vconfig.VerlSettings) -> tuple[str, Any]:
-    from agl_cli.verl_training import render_config
+    from agl_cli.training.verl_job import render_config
 
     return render_config(settings)
 

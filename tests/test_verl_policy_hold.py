@@ -16,7 +16,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from agl_cli.train_async import GatewayGate
+from agl_cli.training.async_job import GatewayGate
 from rl_backend.gateway.fake.harness import Harness
 from rl_backend.trainer.verl_backend.config import VerlSettings
 from rl_backend.trainer.verl_backend.trainer import VerlTrainer, VerlWeightSink

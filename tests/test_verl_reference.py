@@ -19,7 +19,7 @@ def _engines(**kw: Any) -> tuple[Any, Any, Any]:
     from omegaconf import open_dict
     from verl.utils.config import omega_conf_to_dataclass
 
-    from agl_cli.verl_training import render_config
+    from agl_cli.training.verl_job import render_config
     from rl_backend.trainer.verl_backend.config import VerlSettings
 
     settings = VerlSettings(spec_name="calc", model_path="HuggingFaceTB/SmolLM2-135M-Instruct", loss_agg="token-mean",

@@ -13,8 +13,8 @@ import yaml
 from typer.testing import CliRunner
 
 from agl_cli.main import app
-from agl_cli.training import TrainOptions
-from agl_cli.verl_training import VerlTrainingRun
+from agl_cli.training.sync_job import TrainOptions
+from agl_cli.training.verl_job import VerlTrainingRun
 from rl_backend.gateway.knobs import apply_knobs
 from rl_backend.store.records import Api
 from tests.test_verl_entry import _project

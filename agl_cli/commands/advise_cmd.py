@@ -39,7 +39,7 @@ def render(document: dict[str, Any], title: str, width: int) -> str:
     for step in document["next_steps"]:
         lines.append(_wrap(step, width, "first: ", "  "))
     if document.get("undecided"):
-        from agl_cli.advise_plateau import undecided_line
+        from agl_cli.training.advise_plateau import undecided_line
 
         lines.append("")
         lines.append(_wrap("undecided changes that lean better: put each to the user as likely better, unproven "
@@ -56,11 +56,11 @@ def advise_command(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Say whether weight training is warranted (`train` or `not yet`), each criterion measured against its threshold."""
-    from agl_cli.advise import advise, probe_compute
-    from agl_cli.advise_evidence import gather
     from agl_cli.console import print_json, stdout_console
-    from agl_cli.experiment_budget import limit_to_experiment
-    from agl_cli.spec import load_spec
+    from agl_cli.runs.experiment_budget import limit_to_experiment
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.training.advise import advise, probe_compute
+    from agl_cli.training.advise_evidence import gather
 
     evidence = gather(target, runs_dir)
     spec = load_spec(evidence.spec_path)

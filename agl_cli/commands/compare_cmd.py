@@ -16,10 +16,10 @@ from agl_cli.cli_support import handle_errors
 from agl_cli.metrics.fmt import pct, points, seconds, usd
 
 if TYPE_CHECKING:
-    from agl_cli.rundir import RunDir
-    from agl_cli.served import ServedModels
-    from agl_cli.task_content import Pairing, RunTasks
-    from agl_cli.volume import Volume
+    from agl_cli.evaluation.served import ServedModels
+    from agl_cli.runs.rundir import RunDir
+    from agl_cli.spec.task_content import Pairing, RunTasks
+    from agl_cli.spec.volume import Volume
     from rl_backend.store.records import CallTotals, ModelUse, Rollout
 
 TESTS = {"mcnemar_exact": "McNemar exact", "sign_test": "sign test", "none": "no test"}
@@ -43,7 +43,7 @@ class Side:
     @property
     def tasks(self) -> RunTasks:
         from agl_cli.errors import UsageError
-        from agl_cli.task_content import RunTasks
+        from agl_cli.spec.task_content import RunTasks
 
         try:
             manifest = self.run.manifest()
@@ -53,7 +53,7 @@ class Side:
 
     @property
     def served(self) -> ServedModels:
-        from agl_cli.served import served_models
+        from agl_cli.evaluation.served import served_models
 
         return served_models(self.rollouts, self.uses)
 
@@ -79,7 +79,7 @@ def _pick(run: RunDir, name: str, ref: str) -> str:
 
 def _try_run(text: str, runs_dir: Path | None) -> RunDir | None:
     from agl_cli.errors import UsageError
-    from agl_cli.rundir import find_run
+    from agl_cli.runs.rundir import find_run
 
     try:
         return find_run(text, runs_dir)
@@ -90,7 +90,7 @@ def _try_run(text: str, runs_dir: Path | None) -> RunDir | None:
 def resolve(refs: list[str], context: str | None, runs_dir: Path | None) -> list[tuple[str, RunDir, str]]:
     """Each reference as (ref, run, variant name)."""
     from agl_cli.errors import UsageError
-    from agl_cli.rundir import find_run
+    from agl_cli.runs.rundir import find_run
 
     resolved: list[tuple[str, RunDir, str] | None] = []
     runs_seen: list[RunDir] = []
@@ -125,7 +125,7 @@ def resolve(refs: list[str], context: str | None, runs_dir: Path | None) -> list
 
 def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
     from agl_cli.errors import UsageError
-    from agl_cli.tasks import split_names
+    from agl_cli.spec.tasks import split_names
 
     store = run.open_store(read_only=True)
     try:
@@ -147,7 +147,7 @@ def load_side(ref: str, run: RunDir, variant: str, split: str | None) -> Side:
 def check_task_content(base: Side, candidates: list[Side], *, allow_different: bool) -> list[Pairing]:
     """Per candidate, what is known of the content of the tasks it shares with the baseline (see task_content);
     a pairing of different tasks under the same ids is refused unless `allow_different`."""
-    from agl_cli.task_content import Pairing, pairing, refuse_mismatch
+    from agl_cli.spec.task_content import Pairing, pairing, refuse_mismatch
 
     found = []
     for side in candidates:
@@ -162,10 +162,10 @@ def check_task_content(base: Side, candidates: list[Side], *, allow_different: b
 
 
 def compare_sides(base: Side, candidates: list[Side], volume: Volume | None = None) -> list[dict[str, Any]]:
-    from agl_cli.costs import latencies, paired_cost
     from agl_cli.metrics.cost import difference_at_volume
+    from agl_cli.metrics.paired import compare_many, difference
+    from agl_cli.metrics.rollout_costs import latencies, paired_cost
     from agl_cli.metrics.run import scores_of
-    from agl_cli.paired import compare_many, difference
 
     base_scores = scores_of(base.rollouts)
     cand_scores = {str(i): scores_of(side.rollouts) for i, side in enumerate(candidates)}
@@ -192,8 +192,8 @@ def compare_sides(base: Side, candidates: list[Side], volume: Volume | None = No
 def fully_right(base: dict[tuple[str, int], float], candidate: dict[tuple[str, int], float]) -> dict[str, Any]:
     """The share of rollouts at reward 1 on each side, over the (task, seed) pairs both scored, with intervals, and
     its paired difference: what a partial-credit grader's mean alone does not say (`partial_credit`)."""
-    from agl_cli.paired import pair_up, paired_interval
-    from agl_cli.stats import proportion
+    from agl_cli.metrics.paired import pair_up, paired_interval
+    from agl_cli.metrics.stats import proportion
 
     shared = sorted(base.keys() & candidate.keys())
     tasks = [task for task, _ in shared]
@@ -211,7 +211,7 @@ def fully_right(base: dict[tuple[str, int], float], candidate: dict[tuple[str, i
 
 def add_more_evidence(base: Side, candidates: list[Side], docs: list[dict[str, Any]], split: str | None) -> None:
     """Each undecided comparison that leans better gets `more_evidence`: the splits that could decide it."""
-    from agl_cli.more_evidence import evidence, split_sizes
+    from agl_cli.metrics.more_evidence import evidence, split_sizes
 
     spec_path = base.run.manifest().get("spec_path")
     splits: dict[str, list[str]] | None = None
@@ -229,7 +229,7 @@ def add_more_evidence(base: Side, candidates: list[Side], docs: list[dict[str, A
 
 def same_model_problems(base: Side, candidates: list[Side]) -> list[str]:
     """Candidates that asked for another model than the baseline but were served by the very same one."""
-    from agl_cli.served import same_model
+    from agl_cli.evaluation.served import same_model
 
     problems = []
     for side in candidates:
@@ -254,7 +254,7 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
                  f"{pct(full['candidate']['mean'], full['candidate']['ci95'])} "
                  f"({points(full['difference']['mean'], full['difference']['ci95'])})")
     cost = doc.get("cost_usd_per_task")
-    from agl_cli.costs import cost_unknown_reason
+    from agl_cli.metrics.rollout_costs import cost_unknown_reason
 
     unknown = cost_unknown_reason(cost) if cost else None
     if unknown:
@@ -281,7 +281,7 @@ def sentence(label: str, doc: dict[str, Any]) -> str:
 def _volume(text: str | None, sides: list[Side]) -> Volume | None:
     """--volume, else the volume the baseline's run was made with, else the first candidate run's."""
     from agl_cli.metrics.run import run_volume
-    from agl_cli.volume import parse_volume
+    from agl_cli.spec.volume import parse_volume
 
     if text is not None:
         return parse_volume(text)
@@ -308,7 +308,7 @@ def compare_command(
 
     from agl_cli.console import print_json, print_table, stdout_console
     from agl_cli.errors import AglError, UsageError
-    from agl_cli.paired import ALPHA, WORSE
+    from agl_cli.metrics.paired import ALPHA, WORSE
 
     if len(refs) < 2:
         raise UsageError("give a baseline and at least one candidate: agl compare A B [C ...]")
@@ -357,7 +357,7 @@ def compare_command(
         for side, d in zip(candidates, docs, strict=True):
             out.print(sentence(short(side), d), markup=False)
             if d.get("more_evidence"):
-                from agl_cli.more_evidence import sentence as evidence_sentence
+                from agl_cli.metrics.more_evidence import sentence as evidence_sentence
 
                 out.print(f"  {short(side)}: {evidence_sentence(d['more_evidence'])}", markup=False)
     from agl_cli.console import stderr_console

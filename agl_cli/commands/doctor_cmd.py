@@ -63,7 +63,7 @@ def _kube_check() -> dict[str, Any]:
 
 
 def _stack_check(gpu: bool) -> dict[str, Any]:
-    from agl_cli.versions import VERL, mismatches
+    from agl_cli.training.versions import VERL, mismatches
 
     if not gpu and _package("verl") is None:
         return _check("verl training stack", False, "verl not installed (only `agl train --backend verl` needs it)",

@@ -11,11 +11,11 @@ from agl_cli.cli_support import handle_errors
 from rl_backend.version import installed_version
 
 if TYPE_CHECKING:
-    from agl_cli.evaluation import PlannedRollout
-    from agl_cli.rundir import RunDir
-    from agl_cli.spec import ExperimentSpec
-    from agl_cli.variants import Variant
-    from agl_cli.volume import Volume
+    from agl_cli.evaluation.runner import PlannedRollout
+    from agl_cli.runs.rundir import RunDir
+    from agl_cli.spec.schema import ExperimentSpec
+    from agl_cli.spec.variants import Variant
+    from agl_cli.spec.volume import Volume
     from rl_backend.store.db import RunStore
 
 
@@ -23,17 +23,17 @@ def _prepare_new(
     config: Path, variant_names: list[str], limit: int | None, seeds: int | None, split: str | None,
     runs_dir: Path | None, volume: Volume | None = None,
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
-    from agl_cli.agent_version import describe_agent
     from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.evaluation import make_plan
-    from agl_cli.experiment_budget import limit_to_experiment
-    from agl_cli.preflight import check_commands
-    from agl_cli.prices import check_budget_prices
-    from agl_cli.rundir import RunDir, git_sha, runs_root
-    from agl_cli.spec import load_spec
-    from agl_cli.tasks import load_tasks, select_tasks, task_set_hash
-    from agl_cli.variants import baseline, distinct, parse_variant
+    from agl_cli.evaluation.agent_version import describe_agent
+    from agl_cli.evaluation.preflight import check_commands
+    from agl_cli.evaluation.runner import make_plan
+    from agl_cli.runs.experiment_budget import limit_to_experiment
+    from agl_cli.runs.rundir import RunDir, git_sha, runs_root
+    from agl_cli.spec.prices import check_budget_prices
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.spec.tasks import load_tasks, select_tasks, task_set_hash
+    from agl_cli.spec.variants import baseline, distinct, parse_variant
 
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
@@ -82,14 +82,14 @@ def _prepare_resume(
 ) -> tuple[ExperimentSpec, RunDir, list[Variant], list[PlannedRollout]]:
     from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.evaluation import make_plan
-    from agl_cli.experiment_budget import limit_to_experiment
+    from agl_cli.evaluation.preflight import check_commands
+    from agl_cli.evaluation.runner import make_plan
     from agl_cli.metrics.run import run_volume
-    from agl_cli.preflight import check_commands
-    from agl_cli.rundir import find_run
-    from agl_cli.spec import load_spec
-    from agl_cli.tasks import load_tasks
-    from agl_cli.variants import make_variant
+    from agl_cli.runs.experiment_budget import limit_to_experiment
+    from agl_cli.runs.rundir import find_run
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.spec.tasks import load_tasks
+    from agl_cli.spec.variants import make_variant
 
     run = find_run(reference, runs_dir)
     manifest = run.manifest()
@@ -129,7 +129,7 @@ def execute_eval(
     """Run the plan into the run's store and summarise it. A store or disk that refuses a write (locked by another
     process, full, read-only) stops the run with an error that says so: what finished is kept, and the run is
     marked interrupted, to resume once the cause is gone."""
-    from agl_cli.rundir import stopped_by_failure
+    from agl_cli.runs.rundir import stopped_by_failure
 
     try:
         return _execute_eval(spec, run, variants, plan, quiet=quiet, use_cache=use_cache,
@@ -162,19 +162,19 @@ def _run_plan(
     from collections import Counter
 
     from agl_cli.console import stderr_console
-    from agl_cli.controllers import make_controller, run_then_close
-    from agl_cli.evaluation import EvalRunner
+    from agl_cli.evaluation.controllers import make_controller, run_then_close
+    from agl_cli.evaluation.progress import RolloutProgress
+    from agl_cli.evaluation.reuse import ReuseReport
+    from agl_cli.evaluation.runner import EvalRunner
+    from agl_cli.evaluation.services import running_services
     from agl_cli.metrics.cost import cost_fields
     from agl_cli.metrics.run import measure_run
-    from agl_cli.progress import RolloutProgress
-    from agl_cli.reuse import ReuseReport
-    from agl_cli.run_spend import own_usd, reused_among, run_spend
-    from agl_cli.services import running_services
-    from agl_cli.task_content import check_and_record
+    from agl_cli.runs.run_spend import own_usd, reused_among, run_spend
+    from agl_cli.spec.task_content import check_and_record
 
     console = stderr_console()
     manifest = run.manifest()
-    # Like with like: a resume after the task file changed is refused before anything runs (agl_cli.task_content).
+    # Like with like: a resume after the task file changed is refused before anything runs (agl_cli.spec.task_content).
     check_and_record(store, run, manifest, list({item.task.id: item.task for item in plan}.values()),
                      tasks_path=str(spec.resolve(spec.tasks.path)),
                      start_again=f"agl eval {manifest.get('spec_path') or 'agl.yaml'}")
@@ -183,7 +183,7 @@ def _run_plan(
     store.set_meta("plan_size", len(plan))
     reuse = ReuseReport(enabled=False)
     if use_cache and manifest.get("agent_version"):
-        from agl_cli.agent_version import AgentVersion
+        from agl_cli.evaluation.agent_version import AgentVersion
         from agl_cli.optimize.cache import ResultCache
 
         cache = ResultCache(run.path.parent, manifest["agent_version"], exclude=run.path, reuse_failures=reuse_failures)
@@ -231,7 +231,7 @@ def _run_plan(
     finished = sum(s.finished for s in summaries)
     status = "interrupted" if interrupted else "budget_reached" if runner.stopped_for_budget else "completed"
     manifest["status"] = status
-    from agl_cli.secret_env import short_secret_note
+    from agl_cli.spec.secret_env import short_secret_note
 
     notes = [note] if (note := short_secret_note(spec)) else []
     if notes:
@@ -312,9 +312,9 @@ def eval_command(
     from agl_cli.console import print_json, print_table, stderr_console, stdout_console
     from agl_cli.display import print_missing_reasons, print_model_warnings, variant_table
     from agl_cli.errors import UsageError
-    from agl_cli.interrupts import TermAsInterrupt
+    from agl_cli.evaluation.interrupts import TermAsInterrupt
     from agl_cli.metrics.fmt import usd
-    from agl_cli.volume import parse_volume
+    from agl_cli.spec.volume import parse_volume
 
     volume_given = parse_volume(volume) if volume is not None else None
     if resume is not None:
@@ -327,7 +327,7 @@ def eval_command(
     else:
         if config is None:
             raise UsageError("give the experiment spec: agl eval path/to/agl.yaml (or --resume RUN)")
-        from agl_cli.variants import NO_KNOBS
+        from agl_cli.spec.variants import NO_KNOBS
 
         names = [*(variant or []), *([NO_KNOBS] if no_knobs else [])]
         spec, run, variants, plan = _prepare_new(config, names, limit, seeds, split, runs_dir, volume_given)
@@ -335,7 +335,7 @@ def eval_command(
         raise UsageError("--fail-on-regression needs --baseline RUN, the run to compare against")
     baseline_run = None
     if baseline is not None:
-        from agl_cli.rundir import find_run
+        from agl_cli.runs.rundir import find_run
 
         baseline_run = find_run(baseline, runs_dir)  # before spending anything: a typo fails fast
     if concurrency is not None:

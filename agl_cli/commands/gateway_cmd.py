@@ -77,9 +77,9 @@ def upstreams_from_yaml(path: Path) -> tuple[dict[str, UpstreamSpec], str | None
 
     from pydantic import ValidationError
 
-    from agl_cli.env_values import expand
     from agl_cli.errors import ConfigError
-    from agl_cli.yaml_source import YamlDocument
+    from agl_cli.spec.env_values import expand
+    from agl_cli.spec.yaml_source import YamlDocument
     from rl_backend.gateway.config import PriceSpec, UpstreamSpec
 
     spec_path = path / "agl.yaml" if path.is_dir() else path
@@ -144,7 +144,7 @@ def serve_command(
 
     from agl_cli.console import print_json, stderr_console
     from agl_cli.errors import ConfigError, UsageError
-    from agl_cli.rundir import runs_root
+    from agl_cli.runs.rundir import runs_root
     from rl_backend.gateway import resolver
     from rl_backend.netaddr import is_loopback_host
 
@@ -296,7 +296,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
 def open_store_of(reference: str, runs_dir: Path | None) -> Path:
     """A store file, a run folder, or a run id (prefix, `latest`) -> the store's path."""
     from agl_cli.errors import UsageError
-    from agl_cli.rundir import STORE, find_run
+    from agl_cli.runs.rundir import STORE, find_run
 
     path = Path(reference)
     if path.is_file():

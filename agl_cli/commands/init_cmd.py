@@ -72,8 +72,8 @@ def init_command(
 
     from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.prices import models_in_use, price_table, unpriced_models
-    from agl_cli.spec import AgentSpec, ExperimentSpec, GraderSpec
+    from agl_cli.spec.prices import models_in_use, price_table, unpriced_models
+    from agl_cli.spec.schema import AgentSpec, ExperimentSpec, GraderSpec
     from agl_cli.templates import render
     from rl_backend.gateway.resolver import describe
 

@@ -84,7 +84,7 @@ def _cost_cells(row: dict[str, Any], volume: dict[str, Any] | None) -> list[str]
 
 def _month_heading(volume: dict[str, Any]) -> str:
     from agl_cli.metrics.cost import month_column
-    from agl_cli.volume import Volume
+    from agl_cli.spec.volume import Volume
 
     return month_column(Volume(tasks=volume["tasks"], per=volume["per"]))
 
@@ -205,10 +205,10 @@ def optimize_command(
     """Find the best variant on the validation split within a hard budget, confirm it on the test split."""
     from agl_cli.console import print_json, stderr_console, stdout_console
     from agl_cli.errors import UsageError
-    from agl_cli.experiment_budget import limit_to_experiment
     from agl_cli.optimize.study import StudyOptions, create, prepare, reopen
-    from agl_cli.rundir import runs_root
-    from agl_cli.volume import parse_volume
+    from agl_cli.runs.experiment_budget import limit_to_experiment
+    from agl_cli.runs.rundir import runs_root
+    from agl_cli.spec.volume import parse_volume
 
     _check_positive("--budget-usd", budget_usd, allow_zero=True)
     _check_positive("--max-rollouts", max_rollouts)
@@ -259,9 +259,9 @@ def optimize_command(
             return
         create(study, runs_dir)
     from agl_cli.commands.eval_cmd import _write_report
-    from agl_cli.interrupts import TermAsInterrupt
+    from agl_cli.evaluation.interrupts import TermAsInterrupt
     from agl_cli.optimize.engine import execute_study
-    from agl_cli.rundir import stopped_by_failure
+    from agl_cli.runs.rundir import stopped_by_failure
 
     # One process at a time runs this study (a second one is refused with this one's pid); SIGTERM acts as Ctrl-C.
     with study.run.hold(), TermAsInterrupt() as stop:

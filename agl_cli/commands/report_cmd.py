@@ -32,8 +32,8 @@ def report_command(
     training curves and transcripts (secrets removed). Prints the written paths."""
     from agl_cli.console import print_json, stderr_console
     from agl_cli.report import write_report
-    from agl_cli.rundir import find_run
-    from agl_cli.volume import parse_volume
+    from agl_cli.runs.rundir import find_run
+    from agl_cli.spec.volume import parse_volume
 
     at_volume = parse_volume(volume) if volume is not None else None
     target = find_run(run, runs_dir)

@@ -11,7 +11,7 @@ import typer
 from agl_cli.cli_support import handle_errors
 
 if TYPE_CHECKING:
-    from agl_cli.rundir import RunDir, RunsIndex
+    from agl_cli.runs.rundir import RunDir, RunsIndex
 
 
 def _listing(index: RunsIndex, *, kind: str | None, spec: Path | None, agent_version: str | None) -> dict[str, Any]:
@@ -27,7 +27,7 @@ def _listing(index: RunsIndex, *, kind: str | None, spec: Path | None, agent_ver
 def _run_document(target: RunDir) -> dict[str, Any]:
     """The run's manifest facts and its rollouts, each with its calls' use per `upstream/model` (secrets removed)."""
     from agl_cli.report.redact import scrub, scrub_text
-    from agl_cli.rundir import IndexedRun
+    from agl_cli.runs.rundir import IndexedRun
 
     manifest = target.manifest()
     store = target.open_store(read_only=True)
@@ -76,7 +76,7 @@ def runs_command(
     that run's rollouts: status, reward or why none, and their model calls' tokens, cost and latency per model."""
     from agl_cli.console import print_json, print_rows, stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.rundir import RunsIndex, find_run
+    from agl_cli.runs.rundir import RunsIndex, find_run
 
     if run is not None:
         if kind or spec or agent_version:

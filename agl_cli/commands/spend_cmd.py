@@ -43,7 +43,7 @@ def _budget(spec_file: Path | None, usd_flag: float | None, rollouts_flag: int |
         return {"usd": usd_flag, "rollouts": rollouts_flag, "scope": "given", "source": "flags"}
     if spec_file is None:
         return {"usd": None, "rollouts": None, "scope": "given", "source": None}
-    from agl_cli.spec import load_spec
+    from agl_cli.spec.schema import load_spec
 
     budget = load_spec(spec_file).budget
     return {"usd": budget.usd, "rollouts": budget.rollouts, "scope": budget.scope,
@@ -72,8 +72,8 @@ def spend_command(
     `over_budget` once either ceiling is reached. Check it before each new eval, compare or optimize."""
     from agl_cli.console import print_json, print_rows, stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.experiment_budget import spent
     from agl_cli.metrics.fmt import usd
+    from agl_cli.runs.experiment_budget import spent
 
     if config is not None and spec is not None:
         raise UsageError("give the spec once: as the argument (agl spend agl.yaml) or as --spec")

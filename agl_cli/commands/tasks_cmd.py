@@ -13,8 +13,8 @@ import typer
 from agl_cli.cli_support import handle_errors
 
 if TYPE_CHECKING:
-    from agl_cli.spec import ExperimentSpec
-    from agl_cli.tasks import Task
+    from agl_cli.spec.schema import ExperimentSpec
+    from agl_cli.spec.tasks import Task
 
 FEW_VAL_TASKS = 100  # below this a val split sees only large effects (the skill's setup reference says what to do)
 LARGE_HELD_OUT_SHARE = 0.4  # val and test at 40% each (20/40/40): no larger share to advise
@@ -33,9 +33,9 @@ def tasks_command(
     """Check the task set: split sizes, and near-duplicate tasks across splits."""
     from agl_cli.console import print_json
     from agl_cli.errors import UsageError
-    from agl_cli.near_duplicates import find
-    from agl_cli.spec import SplitByField, load_spec
-    from agl_cli.tasks import load_tasks
+    from agl_cli.spec.near_duplicates import find
+    from agl_cli.spec.schema import SplitByField, load_spec
+    from agl_cli.spec.tasks import load_tasks
 
     if not 0.0 < threshold <= 1.0:
         raise UsageError(f"--threshold must be in (0, 1], got {threshold:g}")
@@ -110,9 +110,9 @@ def _grouped_split(spec: ExperimentSpec, tasks: list[Task], sizes: Counter[str],
     the split sizes and the near-duplicates left across splits. None when the spec already groups that way."""
     import json
 
-    from agl_cli.near_duplicates import find
-    from agl_cli.spec import NEAR_DUPLICATES, SplitByFractions
-    from agl_cli.tasks import Task, group_tasks, split_groups
+    from agl_cli.spec.near_duplicates import find
+    from agl_cli.spec.schema import NEAR_DUPLICATES, SplitByFractions
+    from agl_cli.spec.tasks import Task, group_tasks, split_groups
 
     current = spec.tasks.split
     if isinstance(current, SplitByFractions):

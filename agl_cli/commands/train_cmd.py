@@ -11,17 +11,17 @@ import typer
 from agl_cli.cli_support import handle_errors
 
 if TYPE_CHECKING:
-    from agl_cli.rundir import RunDir
-    from agl_cli.training import TrainOptions
+    from agl_cli.runs.rundir import RunDir
+    from agl_cli.training.sync_job import TrainOptions
 
 
 def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tuple[Any, RunDir]:
     from agl_cli.console import stderr_console
-    from agl_cli.experiment_budget import limit_to_experiment
+    from agl_cli.evaluation.preflight import check_commands
     from agl_cli.optimize.cache import agent_version
-    from agl_cli.preflight import check_commands
-    from agl_cli.rundir import RunDir, git_sha, runs_root
-    from agl_cli.spec import load_spec
+    from agl_cli.runs.experiment_budget import limit_to_experiment
+    from agl_cli.runs.rundir import RunDir, git_sha, runs_root
+    from agl_cli.spec.schema import load_spec
 
     spec = load_spec(config)
     spec_path = config / "agl.yaml" if config.is_dir() else config
@@ -43,11 +43,11 @@ def _new_run(config: Path, options: TrainOptions, runs_dir: Path | None) -> tupl
 def _resume(reference: str, runs_dir: Path | None) -> tuple[Any, RunDir, TrainOptions]:
     from agl_cli.console import stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.experiment_budget import limit_to_experiment
-    from agl_cli.preflight import check_commands
-    from agl_cli.rundir import find_run
-    from agl_cli.spec import load_spec
-    from agl_cli.training import TrainOptions
+    from agl_cli.evaluation.preflight import check_commands
+    from agl_cli.runs.experiment_budget import limit_to_experiment
+    from agl_cli.runs.rundir import find_run
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.training.sync_job import TrainOptions
 
     run = find_run(reference, runs_dir)
     manifest = run.manifest()
@@ -109,7 +109,7 @@ def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     """After a training run: its held-out before/after comparison, the manifest marked completed, the report, and
     the result document (what --json prints)."""
     from agl_cli.commands.eval_cmd import _write_report
-    from agl_cli.training import TRAINED_DIR
+    from agl_cli.training.sync_job import TRAINED_DIR
 
     comparison = _before_after(run, outcome["after_variant"])
     manifest = run.manifest()
@@ -185,9 +185,9 @@ def train_command(
     """Train the model the agent calls (GRPO on exact token ids through the gateway), then compare it with the base."""
     from agl_cli.console import print_json, stderr_console, stdout_console
     from agl_cli.errors import UsageError
-    from agl_cli.interrupts import TermAsInterrupt
-    from agl_cli.tasks import load_tasks, select_tasks
-    from agl_cli.training import TRAINED_DIR, TrainingRun, TrainOptions
+    from agl_cli.evaluation.interrupts import TermAsInterrupt
+    from agl_cli.spec.tasks import load_tasks, select_tasks
+    from agl_cli.training.sync_job import TRAINED_DIR, TrainingRun, TrainOptions
 
     console = stderr_console()
     if loop not in ("sync", "collocated-async"):

@@ -20,7 +20,7 @@ from agl_cli.cli_support import handle_errors
 from agl_cli.commands.train_group import TrainGroup  # noqa: F401 - `agl train`'s group, long defined here
 
 if TYPE_CHECKING:
-    from agl_cli.spec import ExperimentSpec
+    from agl_cli.spec.schema import ExperimentSpec
     from rl_backend.provision.options import ClusterOptions, ProvisionOptions
     from rl_backend.provision.session import ProvisionResult
     from rl_backend.provision.target import TrainTarget
@@ -126,7 +126,7 @@ def _cluster(name_or_config: str | None, namespace: str | None, kubeconfig: str 
 
     name = name_or_config
     if name_or_config is not None and Path(name_or_config).exists():
-        from agl_cli.spec import load_spec
+        from agl_cli.spec.schema import load_spec
 
         spec = load_spec(Path(name_or_config))
         name = spec.name
@@ -235,7 +235,7 @@ def k8s_command(
     """Provision the RL backend on Kubernetes (gateway, RBAC, trainer) and follow the trainer's step metrics.
     Training flags are passed to the trainer (`agl train CONFIG --backend verl`); unset ones keep its defaults."""
     from agl_cli.errors import UsageError
-    from agl_cli.spec import load_spec
+    from agl_cli.spec.schema import load_spec
     from rl_backend.provision.options import (
         ProvisionError,
         ProvisionOptions,

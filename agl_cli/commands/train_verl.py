@@ -3,7 +3,7 @@
 The same rollouts, trajectories, GRPO advantages and rollout-normalized loss as the torch backend; verl's trainer
 (FSDP engine, old-logprob recompute, reference policy, rollout correction, checkpoints, weight sync) makes the
 update and verl's rollout servers serve the policy: vLLM on GPUs; with `--device cpu`, agl's embedded engine or,
-with `--policy-server vllm`, vLLM's CPU build (agl_cli/verl_training.py, rl_backend/trainer/verl_backend/). The GPU
+with `--policy-server vllm`, vLLM's CPU build (agl_cli/training/verl_job.py, rl_backend/trainer/verl_backend/). The GPU
 topology comes from the environment `agl train --on kubernetes` gives the trainer pod: AGL_TRAIN_NODES,
 AGL_GPUS_PER_NODE (and AGL_GATEWAY_URL with AGL_GATEWAY_ADMIN_TOKEN for the deployed gateway, AGL_HOME for where runs
 live).
@@ -118,12 +118,12 @@ def verl_command(
     from agl_cli.commands.train_cmd import _new_run, finish_run, step_printer
     from agl_cli.console import print_json, stderr_console
     from agl_cli.errors import UsageError
-    from agl_cli.interrupts import TermAsInterrupt
-    from agl_cli.preflight import check_commands
-    from agl_cli.spec import load_spec
-    from agl_cli.tasks import load_tasks, select_tasks
-    from agl_cli.training import TrainOptions
-    from agl_cli.verl_training import VerlTrainingRun, newest_verl_run, render_config, verl_settings
+    from agl_cli.evaluation.interrupts import TermAsInterrupt
+    from agl_cli.evaluation.preflight import check_commands
+    from agl_cli.spec.schema import load_spec
+    from agl_cli.spec.tasks import load_tasks, select_tasks
+    from agl_cli.training.sync_job import TrainOptions
+    from agl_cli.training.verl_job import VerlTrainingRun, newest_verl_run, render_config, verl_settings
     from rl_backend.trainer.trackers import open_trackers
     from rl_backend.trainer.verl_backend.runtime import launch_hint, missing_requirements
 
@@ -176,7 +176,7 @@ def verl_command(
         run = _new_run(config, options, runs_dir)[1]
     else:
         console.print(f"resuming training run {run.run_id}")
-    from agl_cli.experiment_budget import limit_to_experiment
+    from agl_cli.runs.experiment_budget import limit_to_experiment
 
     limit_to_experiment(spec, spec_path, runs_dir, exclude=run.path)  # budget.scope experiment: what is left
     tasks = load_tasks(spec)

@@ -118,7 +118,7 @@ def transcript_command(
     from agl_cli.metrics.run import run_pass_threshold
     from agl_cli.report.markup import anchor
     from agl_cli.report.transcripts import last_reply, transcript
-    from agl_cli.rundir import find_run
+    from agl_cli.runs.rundir import find_run
 
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")

@@ -8,5 +8,5 @@
 - fmt.py      how numbers are written for a person: percentages, points, dollars, seconds, counts
 
 What passing means (a reward of at least agl.yaml's `pass_threshold`) is rl_backend.rewards, so the trainer's pass
-rate counts the same way. The statistics themselves are agl_cli.stats (intervals) and agl_cli.paired (verdicts).
+rate counts the same way. The statistics themselves are agl_cli.metrics.stats (intervals) and agl_cli.metrics.paired (verdicts).
 """

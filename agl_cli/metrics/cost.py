@@ -1,7 +1,7 @@
 """Cost per task and, at the user's volume, cost per month: what eval, compare, optimize and the reports show.
 
 Cost per task is the mean cost of a finished rollout with its 95% interval (a bootstrap over tasks, as
-agl_cli.metrics.variant measures it). Cost per month is that times the tasks per month (agl_cli.volume): the volume
+agl_cli.metrics.variant measures it). Cost per month is that times the tasks per month (agl_cli.spec.volume): the volume
 is the user's figure, not a measurement, so the interval scales with it. An unpriced call makes both unknown —
 `None`, shown as "—" with the count of unpriced calls — never $0.
 """
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from agl_cli.metrics.fmt import usd
+from agl_cli.metrics.stats import Estimate
 from agl_cli.metrics.variant import VariantMetrics
-from agl_cli.stats import Estimate
-from agl_cli.volume import Volume
+from agl_cli.spec.volume import Volume
 
 
 def at_volume(per_task: Estimate, volume: Volume | None) -> Estimate | None:
@@ -39,9 +39,9 @@ def cost_fields(metrics: VariantMetrics, volume: Volume | None) -> dict[str, Any
 
 
 def difference_at_volume(cost_per_task: Mapping[str, Any], volume: Volume | None) -> dict[str, Any] | None:
-    """A paired `cost_usd_per_task` document (agl_cli.costs.paired_cost) per month: the difference and its interval,
-    and each side's mean over the shared pairs, times the tasks per month; `decided` when the interval excludes zero.
-    None without a volume; means of None when a side's cost is unknown."""
+    """A paired `cost_usd_per_task` document (agl_cli.metrics.rollout_costs.paired_cost) per month: the difference
+    and its interval, and each side's mean over the shared pairs, times the tasks per month; `decided` when the
+    interval excludes zero. None without a volume; means of None when a side's cost is unknown."""
     if volume is None:
         return None
     diff = cost_per_task.get("difference") or {}

@@ -11,17 +11,17 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from agl_cli.costs import rollout_costs
 from agl_cli.errors import UsageError
+from agl_cli.metrics.paired import PairKey
+from agl_cli.metrics.rollout_costs import rollout_costs
 from agl_cli.metrics.variant import VariantMetrics, measure
-from agl_cli.paired import PairKey
-from agl_cli.rundir import CONFIG
-from agl_cli.volume import Volume
+from agl_cli.runs.rundir import CONFIG
+from agl_cli.spec.volume import Volume
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import CallTotals, Rollout
 
-PASS_THRESHOLD_KEY = "pass_threshold"  # the agl.yaml keys (agl_cli.spec), as the run's copy of its spec holds them
+PASS_THRESHOLD_KEY = "pass_threshold"  # the agl.yaml keys (agl_cli.spec.schema), as the run's copy of its spec holds them
 VOLUME_KEY = "volume"
 
 

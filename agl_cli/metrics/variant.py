@@ -2,7 +2,7 @@
 report tabulates and plots, what `agl optimize` ranks and constrains.
 
 - accuracy: the mean reward of the scored rollouts, with a 95% interval over tasks (n = scored rollouts; Wilson
-  for 0/1 rewards, a bootstrap for partial credit, marked rough at few tasks: agl_cli.stats.mean_reward); a rollout
+  for 0/1 rewards, a bootstrap for partial credit, marked rough at few tasks: agl_cli.metrics.stats.mean_reward); a rollout
   without a reward is missing, with its reason, never a 0;
 - fully right: with partial credit, the share of scored rollouts at reward 1 beside the mean, with its interval;
 - wrong: scored rollouts below the pass threshold (rl_backend.rewards); pass^k: the share of tasks whose k seeds
@@ -21,9 +21,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.costs import rollout_costs, totals_of
-from agl_cli.served import ServedModels, served_models
-from agl_cli.stats import MIN_BOOTSTRAP_TASKS, Estimate, bootstrap_mean, mean_reward, percentile, proportion, wilson_interval
+from agl_cli.evaluation.served import ServedModels, served_models
+from agl_cli.metrics.rollout_costs import rollout_costs, totals_of
+from agl_cli.metrics.stats import (
+    MIN_BOOTSTRAP_TASKS,
+    Estimate,
+    bootstrap_mean,
+    mean_reward,
+    percentile,
+    proportion,
+    wilson_interval,
+)
 from rl_backend.rewards import DEFAULT_PASS_THRESHOLD, passed
 from rl_backend.store.records import CallTotals, ModelUse, Rollout, RolloutStatus
 

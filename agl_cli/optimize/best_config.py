@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from agl_cli.spec import ExperimentSpec
-from agl_cli.variants import Variant
+from agl_cli.spec.schema import ExperimentSpec
+from agl_cli.spec.variants import Variant
 
 BEST_NAME = "agl.best.yaml"
 BEST_FILES = "agl.best"  # the winner's files that came from a study's folder, copied beside agl.best.yaml

@@ -1,14 +1,14 @@
 """The result cache: a finished rollout is reused whenever (variant, task, seed, agent version) is the same.
 
-The variant is its hash (what it changes: agl_cli/variants.py); the task must have the same content, checked against
+The variant is its hash (what it changes: agl_cli/spec/variants.py); the task must have the same content, checked against
 the `task.json` the earlier rollout ran on; the agent version is the spec's agent, grader, model and upstreams plus
-the files of the spec's folder (agl_cli/agent_version.py).
+the files of the spec's folder (agl_cli/evaluation/agent_version.py).
 
 Every run directory whose manifest records the same `agent_version` is a source. Only scored rollouts are reused:
 a failure may have had a cause outside the agent (an upstream that was down, a full disk) and run differently
 now. With `reuse_failures`, failures that are the variant's own doing are reused too (timed out, agent crashed, no
 output); grader failures, infrastructure failures and interrupted attempts never are. A planned rollout that is not
-reused gets its reason (`explain`, agl_cli/reuse.py).
+reused gets its reason (`explain`, agl_cli/evaluation/reuse.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from agl_cli.agent_version import AgentVersion, describe_agent
-from agl_cli.evaluation import PlannedRollout, rollout_id
-from agl_cli.reuse import History, ReuseReport, why_not
-from agl_cli.run_spend import IMPORTED_META, imported_ids
-from agl_cli.rundir import RunDir, RunsIndex, read_stores
-from agl_cli.spec import ExperimentSpec
-from agl_cli.tasks import Task
+from agl_cli.evaluation.agent_version import AgentVersion, describe_agent
+from agl_cli.evaluation.reuse import History, ReuseReport, why_not
+from agl_cli.evaluation.runner import PlannedRollout, rollout_id
+from agl_cli.runs.run_spend import IMPORTED_META, imported_ids
+from agl_cli.runs.rundir import RunDir, RunsIndex, read_stores
+from agl_cli.spec.schema import ExperimentSpec
+from agl_cli.spec.tasks import Task
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, Rollout
 
@@ -32,7 +32,7 @@ REUSABLE_FAILURES = {FailureKind.agent_crashed, FailureKind.agent_timeout, Failu
 
 
 def agent_version(spec: ExperimentSpec, spec_file: Path | None = None) -> str:
-    """The agent version's digest (see agl_cli.agent_version)."""
+    """The agent version's digest (see agl_cli.evaluation.agent_version)."""
     return describe_agent(spec, spec_file).digest
 
 

@@ -14,9 +14,10 @@ from typing import Any
 from rich.console import Console
 
 from agl_cli.console import stderr_console
-from agl_cli.costs import latencies, paired_cost
 from agl_cli.metrics.cost import cost_fields
 from agl_cli.metrics.fmt import points
+from agl_cli.metrics.paired import BETTER, NO_DIFFERENCE, WORSE, Comparison, compare, difference
+from agl_cli.metrics.rollout_costs import latencies, paired_cost
 from agl_cli.metrics.run import costs_of, latest_by_variant, scores_of
 from agl_cli.metrics.variant import VariantMetrics, measure
 from agl_cli.optimize.best_config import describe_settings, knob_changes, write_best
@@ -25,7 +26,6 @@ from agl_cli.optimize.frontier import choice_message, frontier, held_out
 from agl_cli.optimize.objectives import Constraints, breach, choose, pareto_front
 from agl_cli.optimize.racing import Round, race
 from agl_cli.optimize.study import Ledger, Study
-from agl_cli.paired import BETTER, NO_DIFFERENCE, WORSE, Comparison, compare, difference
 from rl_backend.store.db import RunStore
 
 ROUNDS_META = "study.rounds"

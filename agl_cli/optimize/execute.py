@@ -11,14 +11,14 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from agl_cli.agent_version import AgentVersion
-from agl_cli.evaluation import make_plan
+from agl_cli.evaluation.agent_version import AgentVersion
+from agl_cli.evaluation.reuse import ReuseReport
+from agl_cli.evaluation.runner import make_plan
 from agl_cli.optimize.cache import ResultCache
 from agl_cli.optimize.study import Ledger, Study, StudyRunner
-from agl_cli.reuse import ReuseReport
-from agl_cli.run_spend import from_runs, reused_among
-from agl_cli.tasks import Task
-from agl_cli.variants import Variant
+from agl_cli.runs.run_spend import from_runs, reused_among
+from agl_cli.spec.tasks import Task
+from agl_cli.spec.variants import Variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 
@@ -110,8 +110,8 @@ class Executor:
 @contextlib.contextmanager
 def session(study: Study, *, quiet: bool, use_cache: bool, console: Console) -> Iterator[Executor]:
     """The study's store, ledger, model services and runner, for as long as the block runs."""
-    from agl_cli.services import running_services
-    from agl_cli.task_content import check_and_record
+    from agl_cli.evaluation.services import running_services
+    from agl_cli.spec.task_content import check_and_record
     from rl_backend.rollout.local import LocalController
 
     store = study.run.open_store()

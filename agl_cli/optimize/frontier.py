@@ -12,7 +12,7 @@ the paired rule, so the output says which differences are decided and which are 
 - a choice: when the two ends differ, more accuracy costs more money (or time), and that trade is the user's to
   make: agl shows it, the coding agent puts it to the user.
 
-Steps pair each member with the next cheaper one on the tasks both ran: the accuracy verdict (agl_cli.paired), the
+Steps pair each member with the next cheaper one on the tasks both ran: the accuracy verdict (agl_cli.metrics.paired), the
 cost and latency differences with their intervals, each marked `decided` or not.
 """
 
@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agl_cli.costs import latencies
 from agl_cli.metrics.cost import cost_fields, decided, difference_at_volume
 from agl_cli.metrics.fmt import points, seconds, usd
+from agl_cli.metrics.paired import NO_DIFFERENCE, compare, difference
+from agl_cli.metrics.rollout_costs import latencies
 from agl_cli.metrics.run import costs_of, scores_of
 from agl_cli.metrics.variant import VariantMetrics
 from agl_cli.optimize.objectives import dominates
-from agl_cli.paired import NO_DIFFERENCE, compare, difference
-from agl_cli.volume import Volume
+from agl_cli.spec.volume import Volume
 from rl_backend.store.records import CallTotals, Rollout
 
 MOST_ACCURATE = "most accurate"

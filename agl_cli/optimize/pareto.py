@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agl_cli.paired import PairKey
+from agl_cli.metrics.paired import PairKey
 
 TaskScores = Mapping[str, float]  # task id -> mean reward over its seeds
 _EPS = 1e-12

@@ -14,11 +14,11 @@ from typing import Any
 
 from rich.console import Console
 
-from agl_cli.evaluation import make_plan
+from agl_cli.evaluation.runner import make_plan
 from agl_cli.optimize.cache import ResultCache
 from agl_cli.optimize.racing import schedule
 from agl_cli.optimize.study import Study
-from agl_cli.rundir import RunsIndex, read_stores
+from agl_cli.runs.rundir import RunsIndex, read_stores
 from rl_backend.store.records import CallTotals
 
 MIN_HISTORY = 3

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl_cli.errors import UsageError
-from agl_cli.services import RunServices
-from agl_cli.spec import ExperimentSpec, ProposerSpec
+from agl_cli.evaluation.services import RunServices
+from agl_cli.spec.schema import ExperimentSpec, ProposerSpec
 from rl_backend.store.records import CallRecord, Rollout
 
 # The meta-prompt is prose that people tune and review like any prompt, so it lives in a template file

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.paired import ALPHA, WORSE, PairKey, compare, difference
+from agl_cli.metrics.paired import ALPHA, WORSE, PairKey, compare, difference
 
 Scores = Mapping[str, Mapping[PairKey, float]]
 Costs = Mapping[str, Mapping[PairKey, float] | None]  # per variant, cost by (task, seed); None: unknown

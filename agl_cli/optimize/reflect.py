@@ -30,6 +30,7 @@ from rich.console import Console
 
 from agl_cli.errors import UsageError
 from agl_cli.metrics.fmt import points
+from agl_cli.metrics.paired import ALPHA, BETTER, PairKey, compare
 from agl_cli.metrics.run import latest_by_variant, scores_of
 from agl_cli.optimize.execute import Executor
 from agl_cli.optimize.pareto import Front, choose_parent, pareto_front, task_means
@@ -43,8 +44,7 @@ from agl_cli.optimize.proposer import (
     render_transcript,
 )
 from agl_cli.optimize.study import PROPOSER_SCOPE, Study
-from agl_cli.paired import ALPHA, BETTER, PairKey, compare
-from agl_cli.variants import Variant, make_variant
+from agl_cli.spec.variants import Variant, make_variant
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from agl_cli.errors import UsageError
-from agl_cli.spec import ExperimentSpec, option_text
-from agl_cli.variants import Variant, baseline, grid, make_variant, parse_variant
+from agl_cli.spec.schema import ExperimentSpec, option_text
+from agl_cli.spec.variants import Variant, baseline, grid, make_variant, parse_variant
 from rl_backend.gateway.knobs import KNOBS
 
 

@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agl_cli.agent_version import AgentVersion, describe_agent
 from agl_cli.errors import UsageError
-from agl_cli.evaluation import EvalRunner, PlannedRollout
+from agl_cli.evaluation.agent_version import AgentVersion, describe_agent
+from agl_cli.evaluation.preflight import check_commands
+from agl_cli.evaluation.runner import EvalRunner, PlannedRollout
 from agl_cli.metrics.fmt import usd
 from agl_cli.optimize.cache import imported_ids
 from agl_cli.optimize.space import (
@@ -28,13 +29,12 @@ from agl_cli.optimize.space import (
     with_candidates,
     with_options,
 )
-from agl_cli.preflight import check_commands
-from agl_cli.prices import check_budget_prices
-from agl_cli.rundir import RunDir, find_run, git_sha, runs_root
-from agl_cli.spec import ExperimentSpec, load_spec
-from agl_cli.tasks import Task, load_tasks, select_tasks, task_set_hash
-from agl_cli.variants import Variant, baseline
-from agl_cli.volume import Volume
+from agl_cli.runs.rundir import RunDir, find_run, git_sha, runs_root
+from agl_cli.spec.prices import check_budget_prices
+from agl_cli.spec.schema import ExperimentSpec, load_spec
+from agl_cli.spec.tasks import Task, load_tasks, select_tasks, task_set_hash
+from agl_cli.spec.variants import Variant, baseline
+from agl_cli.spec.volume import Volume
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import Rollout
 from rl_backend.version import installed_version
@@ -69,7 +69,7 @@ class StudyOptions:
     across: list[str] = field(default_factory=list)  # search these knobs' combinations, the rest at the baseline
     base: str | None = None  # the study's baseline setting (knob=option[,...]): the setting kept so far
     extra_options: list[dict[str, Any]] = field(default_factory=list)  # --option: {knob, value} added to a knob
-    volume: dict[str, Any] | None = None  # --volume, as agl_cli.volume.Volume's fields
+    volume: dict[str, Any] | None = None  # --volume, as agl_cli.spec.volume.Volume's fields
 
 
 @dataclass
@@ -243,14 +243,14 @@ class Ledger:
         imported = imported_ids(store)
         self.launched = sum(1 for r in store.rollouts() if r.id not in imported)
         self.spent_usd = 0.0  # of the priced calls
-        self.unpriced_calls = 0  # calls without a price (none when there is a budget in USD: see agl_cli.prices)
+        self.unpriced_calls = 0  # calls without a price (none when there is a budget in USD: see agl_cli.spec.prices)
         self.mean_cost = 0.0
         self.refresh()
 
     def refresh(self) -> None:
         imported = imported_ids(self.store)
         totals = self.store.call_totals_by_rollout()
-        # Priced spend: a budget in USD only starts when every model it calls has a price (agl_cli.prices).
+        # Priced spend: a budget in USD only starts when every model it calls has a price (agl_cli.spec.prices).
         own = {rid: t.priced_usd for rid, t in totals.items() if rid not in imported}
         self.spent_usd = float(sum(own.values()))
         self.unpriced_calls = sum(t.unpriced_calls for rid, t in totals.items() if rid not in imported)

@@ -18,9 +18,9 @@ from agl_cli.metrics.variant import VariantMetrics, measure
 from agl_cli.optimize.objectives import pareto_front
 from agl_cli.report.compare import Flip, choose_winner, flips, paired_docs
 from agl_cli.report.usage import CallUsage, read_usage
-from agl_cli.run_spend import imported_ids
-from agl_cli.rundir import RunDir
-from agl_cli.volume import Volume
+from agl_cli.runs.run_spend import imported_ids
+from agl_cli.runs.rundir import RunDir
+from agl_cli.spec.volume import Volume
 from rl_backend.store.records import Rollout
 
 HELD_OUT_SPLITS = ("test",)  # an eval on one of these confirms on held-out tasks; any other split is a search

@@ -1,4 +1,4 @@
-"""Paired figures for reports, on agl_cli.paired: each candidate against the baseline on shared (task, seed)
+"""Paired figures for reports, on agl_cli.metrics.paired: each candidate against the baseline on shared (task, seed)
 pairs, the winner, and the tasks whose outcome flipped between the two.
 
 The comparison documents have the shape `agl compare --json` prints per candidate, so the report and the
@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.costs import latencies, paired_cost
 from agl_cli.metrics.cost import difference_at_volume
+from agl_cli.metrics.paired import BETTER, compare_many, difference
+from agl_cli.metrics.rollout_costs import latencies, paired_cost
 from agl_cli.metrics.run import scores_of
 from agl_cli.metrics.variant import VariantMetrics
-from agl_cli.paired import BETTER, compare_many, difference
-from agl_cli.volume import Volume
+from agl_cli.spec.volume import Volume
 from rl_backend.rewards import passed
 from rl_backend.store.records import CallTotals, Rollout
 

@@ -11,9 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_cli.costs import cost_unknown_reason
 from agl_cli.metrics.cost import month_column, per_month_text
 from agl_cli.metrics.fmt import count, pct, plural, points, seconds, unpriced_text, usd
+from agl_cli.metrics.rollout_costs import cost_unknown_reason
 from agl_cli.metrics.variant import rough_note
 from agl_cli.report import failures as fail
 from agl_cli.report import plots
@@ -21,7 +21,7 @@ from agl_cli.report.collect import RunData, Section
 from agl_cli.report.markup import anchor, reason_label, rich_html, rich_md, rich_plain
 from agl_cli.report.transcripts import Transcript, clip, last_reply, transcript
 from agl_cli.report.verdict import TESTS, notes, verdict
-from agl_cli.volume import Volume
+from agl_cli.spec.volume import Volume
 
 MAX_TRANSCRIPTS = 60  # a report stays readable and small; the run store has every call
 MAX_FLIPS = 40

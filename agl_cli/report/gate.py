@@ -17,10 +17,10 @@ from pathlib import Path
 
 from agl_cli.errors import UsageError
 from agl_cli.metrics.fmt import pct, points
+from agl_cli.metrics.paired import ALPHA, WORSE, binomial_two_sided, compare_many, holm
 from agl_cli.metrics.run import scores_of
-from agl_cli.paired import ALPHA, WORSE, binomial_two_sided, compare_many, holm
-from agl_cli.rundir import RunDir, find_run
-from agl_cli.task_content import pairing, refuse_mismatch, run_tasks
+from agl_cli.runs.rundir import RunDir, find_run
+from agl_cli.spec.task_content import pairing, refuse_mismatch, run_tasks
 from rl_backend.store.records import Rollout
 
 RunRef = RunDir | Path | str

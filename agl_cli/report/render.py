@@ -14,9 +14,9 @@ import jinja2
 from agl_cli.errors import UsageError
 from agl_cli.report.context import Table
 from agl_cli.report.markup import fence, md_escape
-from agl_cli.rundir import RunDir
+from agl_cli.runs.rundir import RunDir
+from agl_cli.spec.volume import Volume
 from agl_cli.templates import templates_dir
-from agl_cli.volume import Volume
 
 FORMATS = ("md", "html")
 REPORT_DIR = "report"

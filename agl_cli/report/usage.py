@@ -45,7 +45,7 @@ class CallUsage:
 
 
 def read_usage(store: RunStore, reused: frozenset[str] | set[str] = frozenset()) -> CallUsage:
-    """`reused`: ids of the rollouts this run copied from earlier runs (agl_cli.run_spend)."""
+    """`reused`: ids of the rollouts this run copied from earlier runs (agl_cli.runs.run_spend)."""
     usage = CallUsage(totals=store.call_totals_by_rollout(), uses=store.model_use_by_rollout())
     for group in store.model_calls():
         if group.failed and group.rollout_id is not None:

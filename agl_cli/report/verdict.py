@@ -1,7 +1,7 @@
 """The verdict: one paragraph that says what won, by how much with its interval, on which split and at what
 cost per task; for a single variant, its accuracy with n and interval and what the failures were.
 
-"Better" is only said when the paired interval excludes zero and the test passes (agl_cli.paired decides);
+"Better" is only said when the paired interval excludes zero and the test passes (agl_cli.metrics.paired decides);
 otherwise the paragraph says so, which check decided it, and about how many more tasks would likely decide it.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agl_cli.costs import cost_unknown_reason
 from agl_cli.metrics.cost import month_difference_text
 from agl_cli.metrics.fmt import pct, plural, points, seconds, unpriced_text, usd
+from agl_cli.metrics.paired import BETTER, WORSE
+from agl_cli.metrics.rollout_costs import cost_unknown_reason
 from agl_cli.metrics.variant import VariantMetrics
-from agl_cli.paired import BETTER, WORSE
 from agl_cli.report.collect import RunData, Section
 from agl_cli.report.markup import Rich, reason_label
 

@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from agl_cli.metrics.paired import BETTER, WORSE, compare  # noqa: E402
 from agl_cli.optimize.racing import race  # noqa: E402
-from agl_cli.paired import BETTER, WORSE, compare  # noqa: E402
 
 ACCURACIES = [0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.85]
 CLOSE = [0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85]

@@ -76,8 +76,8 @@ def agl_train(spec: Path, runs: Path, settings: dict[str, Any], loop: str, heldo
 
 
 def side_accuracy(run_dir: Path, variant: str) -> dict[str, Any]:
-    """Held-out accuracy of one side, as agl shows it: mean reward with its 95% interval over tasks (agl_cli.stats)."""
-    from agl_cli.stats import mean_reward
+    """Held-out accuracy of one side, as agl shows it: mean reward with its 95% interval over tasks (agl_cli.metrics.stats)."""
+    from agl_cli.metrics.stats import mean_reward
     from rl_backend.store.db import RunStore
 
     store = RunStore(run_dir / "store.sqlite")

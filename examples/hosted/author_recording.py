@@ -310,8 +310,8 @@ def author(spec_name: str, upstream: str, base_url: str, recording: Path, runs_d
     recording.unlink(missing_ok=True)
     env = {**os.environ, "AGL_AUTHOR_KEY": KEY}
     try:
-        from agl_cli.spec import load_spec
-        from agl_cli.variants import grid
+        from agl_cli.spec.schema import load_spec
+        from agl_cli.spec.variants import grid
 
         every = [arg for v in grid(load_spec(tmp_spec)) for arg in ("-v", v.name)]  # the whole grid, every task
         result = subprocess.run([sys.executable, "-m", "agl_cli", "eval", str(tmp_spec), "--json", "--quiet",

@@ -1,4 +1,4 @@
-"""Upstream definitions: where model names are served. Shared by `agl.yaml` (agl_cli.spec) and the gateway."""
+"""Upstream definitions: where model names are served. Shared by `agl.yaml` (agl_cli.spec.schema) and the gateway."""
 
 from __future__ import annotations
 

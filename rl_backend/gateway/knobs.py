@@ -3,7 +3,7 @@
 A `Knob` says which values it takes (`check`, which also puts a value in the form the gateway applies) and, for each
 API, where the value goes (`apply`: an edit of the request body, already a private copy, returning what it applied,
 which is recorded on the call). A knob an API has no place for is left out of that record rather than faked.
-agl.yaml's `via: gateway` knobs (agl_cli/spec.py), the gateway's admission of a rollout (`validate_knobs`), the
+agl.yaml's `via: gateway` knobs (agl_cli/spec/schema.py), the gateway's admission of a rollout (`validate_knobs`), the
 request adapters (`apply_knobs`) and the reference docs all read this table.
 
 A knob set to None is not applied: the request keeps whatever the agent sent (or left out), so an option `null`

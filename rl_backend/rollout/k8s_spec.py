@@ -1,6 +1,6 @@
 """The `kubernetes:` section of `agl.yaml`: where and how rollouts run as Kubernetes Jobs.
 
-Only pydantic here, no `kubernetes` import: `agl_cli.spec` imports this model at start-up, and the client
+Only pydantic here, no `kubernetes` import: `agl_cli.spec.schema` imports this model at start-up, and the client
 library (an optional extra) is loaded only when a controller is built.
 """
 

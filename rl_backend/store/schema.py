@@ -145,7 +145,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         started_at REAL NOT NULL
     );
 """),
-    # The content hash of each task a run planned (agl_cli.tasks.Task.content_hash), so that a resume, a comparison
+    # The content hash of each task a run planned (agl_cli.spec.tasks.Task.content_hash), so that a resume, a comparison
     # or a reuse can tell the same task id with other content, and name those tasks.
     Migration("add_task_hashes", """
     CREATE TABLE task_hashes (

@@ -15,7 +15,7 @@ Each update:
 
 Rollouts that were in flight during the update carry on afterwards on the new weights: their earlier calls keep the
 version that served them, so the PPO ratio uses the right old logprobs and the staleness check sees them. Pure
-Python here: the source and the gate are protocols (interfaces.py; agl_cli/train_async.py fills them in).
+Python here: the source and the gate are protocols (interfaces.py; agl_cli/training/async_job.py fills them in).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def _init_ray(init: Callable[[], Any], say: Callable[[str], None], attempts: int
 
     SIGTERM keeps the handler it had: Ray's driver init installs its own (`sys.exit`, and a C++ failure handler
     that aborts the process), so the SIGTERM a pod gets when its train is stopped would kill the trainer before the
-    rollout controller's `close()` deletes its Jobs. agl's own (agl_cli.interrupts: SIGTERM as Ctrl-C) must stay."""
+    rollout controller's `close()` deletes its Jobs. agl's own (agl_cli.evaluation.interrupts: SIGTERM as Ctrl-C) must stay."""
     import ray
 
     previous = signal.getsignal(signal.SIGTERM)

@@ -1,0 +1,1 @@
+"""Run folders, the runs index, and what runs spent (alone and across an experiment)."""

@@ -1,0 +1,1 @@
+"""`agl train` and the readiness verdict before it: the local, async and verl jobs, `agl advise`."""
