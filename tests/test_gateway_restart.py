@@ -16,10 +16,10 @@ import openai
 import pytest
 import yaml
 
-from rl_backend.gateway.durable import state_path
 from rl_backend.gateway.fake.procs import Proc, register, spawn_fast_fake, spawn_serve
 from rl_backend.gateway.remote import RemoteGateway
 from rl_backend.store.db import RunStore
+from rl_backend.store.gateway_state import state_path
 from tests.helpers import GATEWAY_SERVE
 
 pytestmark = pytest.mark.timeout(120)

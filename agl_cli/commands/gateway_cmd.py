@@ -230,7 +230,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
            request_timeout: float, *, durable: bool = False) -> dict[str, Any]:
     """Run uvicorn in this thread (uvloop when installed, signals handled) until SIGINT/SIGTERM, listening on every
     address of `hosts`, on one port. `durable`: the admin state (rollouts, the policy's servers, the pause) is kept
-    next to the store and restored from there, so a restarted cluster gateway carries on (rl_backend.gateway.durable)."""
+    next to the store and restored from there, so a restarted cluster gateway carries on (rl_backend.store.gateway_state)."""
     import logging
     import signal
 
@@ -241,7 +241,7 @@ def _serve(upstreams: dict[str, ResolvedUpstream], store_path: Path, default_mod
     from rl_backend.store.db import RunStore
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from rl_backend.gateway.durable import AdminState, state_path
+    from rl_backend.store.gateway_state import AdminState, state_path
 
     store = RunStore(store_path)
     admin_state = AdminState(state_path(store_path)) if durable else None

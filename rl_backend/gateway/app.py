@@ -28,7 +28,6 @@ from rl_backend.gateway.adapters import build_exchange
 from rl_backend.gateway.admin import AdminAPI
 from rl_backend.gateway.budget import SpendLimit
 from rl_backend.gateway.config import ResolvedUpstream
-from rl_backend.gateway.durable import AdminState
 from rl_backend.gateway.errors import Dialect, GatewayError, error_body, error_response, json_response
 from rl_backend.gateway.exchange import check_optional
 from rl_backend.gateway.http_guard import REQUEST_TIMEOUT_S, guarded
@@ -44,6 +43,7 @@ from rl_backend.gateway.writer import RecordWriter
 from rl_backend.httpserver import ServerThread
 from rl_backend.netaddr import is_loopback_host
 from rl_backend.store.db import RunStore
+from rl_backend.store.gateway_state import AdminState
 from rl_backend.store.records import check_reward
 
 # The model-call endpoints under /rollouts/<rid>/, and the API kind each serves.
