@@ -9,7 +9,21 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+
+def import_entry(entry: str, folder: Path | str) -> Callable[..., Any]:
+    """The function an `entry:` names (`module:function`), imported with `folder` (the project's) on sys.path: one
+    loader for entry agents, entry graders in agl's process and entry graders in a process of their own."""
+    module_name, _, function_name = entry.partition(":")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    function = getattr(importlib.import_module(module_name), function_name, None)
+    if not callable(function):
+        raise AttributeError(f"{module_name} has no function {function_name!r}")
+    return function
 
 
 def main(argv: list[str]) -> int:
@@ -17,9 +31,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m agl_cli.evaluation.entry_agent module:function TASK_FILE OUTPUT_FILE", file=sys.stderr)
         return 2
     entry, task_file, output_file = argv
-    module_name, function_name = entry.split(":", 1)
-    sys.path.insert(0, os.getcwd())
-    function = getattr(importlib.import_module(module_name), function_name)
+    function = import_entry(entry, os.getcwd())
     task = json.loads(Path(task_file).read_text())
     result = function(task)
     text = result if isinstance(result, str) else json.dumps(result)

@@ -14,19 +14,18 @@ import json
 import sys
 from pathlib import Path
 
+from agl_cli.evaluation.entry_agent import import_entry
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: python -m agl_cli.evaluation.grade_entry MODULE:FUNCTION TASK_FILE OUTPUT_FILE", file=sys.stderr)
         return 2
     entry, task_file, output_file = argv
-    import importlib
-
-    module_name, _, function_name = entry.partition(":")
-    sys.path.insert(0, str(Path.cwd()))
-    function = getattr(importlib.import_module(module_name), function_name, None)
-    if not callable(function):
-        print(f"{module_name} has no function {function_name!r}", file=sys.stderr)
+    try:
+        function = import_entry(entry, Path.cwd())
+    except AttributeError as exc:
+        print(exc, file=sys.stderr)
         return 2
     task = json.loads(Path(task_file).read_text(encoding="utf-8"))
     output = Path(output_file).read_text(encoding="utf-8", errors="replace")

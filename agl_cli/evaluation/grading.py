@@ -16,7 +16,6 @@ own.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import shlex
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_cli.evaluation.entry_agent import import_entry
 from agl_cli.spec.command_template import fill
 from agl_cli.spec.schema import ExperimentSpec
 from rl_backend.gateway.jsonfast import deeper_than
@@ -118,15 +118,7 @@ def _clip(text: str, limit: int = 120) -> str:
 
 
 def load_entry(spec: ExperimentSpec, entry: str) -> Callable[..., Any]:
-    module_name, function_name = entry.split(":", 1)
-    base = str(spec.base_dir)
-    if base not in sys.path:
-        sys.path.insert(0, base)
-    module = importlib.import_module(module_name)
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise AttributeError(f"{module_name} has no function {function_name!r}")
-    return function
+    return import_entry(entry, spec.base_dir)
 
 
 PR_SET_DUMPABLE = 4  # linux/prctl.h
