@@ -134,7 +134,8 @@ def test_the_trainer_pods_are_checked_against_the_nodes_the_api_lists(tmp_path: 
 
     small = [_node("gpu-1")]  # one L4 on a 4 vCPU / 16 GiB machine
     (finding,) = findings(small)
-    assert "fits 0 of the 1 nodes" in finding.text and "cpu 4 wanted, 3.92 allocatable" in finding.text
+    # The trainer's 4 CPUs and its grader container's 0.1 (a sidecar: it runs beside the trainer).
+    assert "fits 0 of the 1 nodes" in finding.text and "cpu 4.1 wanted, 3.92 allocatable" in finding.text
     assert "--trainer-cpu" in finding.hint
     assert findings(small, trainer_cpu="3", trainer_memory="12Gi") == []
     # GKE Autopilot-like: the GPU nodes carry an accelerator label and their own taint.
