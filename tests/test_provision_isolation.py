@@ -418,3 +418,41 @@ def test_the_templates_agl_yaml_names_reach_the_cluster(tmp_path: Path) -> None:
 def config_items(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     job = _of(manifests, "Job")[0]["spec"]["template"]["spec"]
     return next(v for v in job["volumes"] if v["name"] == "project")["configMap"]["items"]
+
+
+def test_the_one_node_jobs_own_ray_listens_outside_the_ports_opened_to_the_gateway(tmp_path: Path) -> None:
+    # ray.init would take Ray's listeners from the pod's ephemeral range, which is the policy servers' range, the
+    # one the gateway may reach: the Job's trainer starts its head with every `ray start` port option pinned.
+    from ray.scripts.scripts import start
+
+    from rl_backend.trainer.verl_backend.ray_head import pinned_ports, start_args
+
+    manifests = dry_run(load_target(write_project(tmp_path)), options(gpus=1)).manifests
+    trainer = _of(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    ports = pinned_ports({"AGL_RAY_HEAD_PORTS": _env(trainer)["AGL_RAY_HEAD_PORTS"]["value"]})
+    assert ports is not None
+    # Every port option of the installed Ray's `ray start` is pinned, but the alternatives to those given.
+    options_of_ray = {p.opts[0].lstrip("-") for p in start.params if "port" in p.name}
+    assert options_of_ray - set(ports) == {"redis-shard-ports", "worker-port-list"}, options_of_ray - set(ports)
+    # The installed Ray parses what the trainer runs (a renamed flag would fail here, not in the pod).
+    parsed = start.make_context("start", start_args(ports, 8)[1:]).params
+    assert parsed["head"] and parsed["include_dashboard"] is False and parsed["num_cpus"] == 8
+    low, high = POLICY_PORTS
+    numbers = {flag: int(value) for flag, value in ports.items()}
+    assert all(not low <= n <= high for n in numbers.values()), numbers
+    assert numbers["max-worker-port"] < low or numbers["min-worker-port"] > high  # the workers' whole range
+    assert parsed["port"] == numbers["port"] and parsed["min_worker_port"] == numbers["min-worker-port"]
+    # ...and none of them is open to the gateway (nor to anyone else) under the rendered policies.
+    policies = _of(manifests, "NetworkPolicy")
+    pods = _pods(manifests, tmp_path)
+    for port in (*numbers.values(), numbers["min-worker-port"] + 1):
+        for who in ("gateway", "rollout", "other"):
+            assert not allowed(policies, pods[who], pods["trainer"], port), (who, port)
+    assert allowed(policies, pods["gateway"], pods["trainer"], low)
+    # A local train (no such variable) starts Ray through ray.init, as before; a broken one is named.
+    assert pinned_ports({}) is None
+    from rl_backend.trainer.verl_backend.ray_head import RayHeadError
+
+    for broken in ("{6379", '{"port": "x"}', "[6379]"):
+        with pytest.raises(RayHeadError, match=r"\$AGL_RAY_HEAD_PORTS"):
+            pinned_ports({"AGL_RAY_HEAD_PORTS": broken})

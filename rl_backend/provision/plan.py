@@ -61,6 +61,11 @@ KUBERAY_OPERATOR = {"app.kubernetes.io/name": "kuberay-operator"}
 RAY_WORKER_PORTS = {"node-manager-port": "6380", "object-manager-port": "6381", "dashboard-agent-listen-port": "52365",
                     "dashboard-agent-grpc-port": "52366", "metrics-export-port": "8080",
                     "runtime-env-agent-port": "52367", "min-worker-port": "10002", "max-worker-port": "19999"}
+# The same for the one-node Job's own Ray, started by the trainer with `ray start --head` (ray.init cannot pin them:
+# rl_backend/trainer/verl_backend/ray_head.py): GCS, Ray client server and dashboard too.
+RAY_HEAD_PORTS = {"port": "6379", "ray-client-server-port": "10001", "dashboard-port": str(RAY_DASHBOARD_PORT),
+                  **RAY_WORKER_PORTS}
+RAY_HEAD_PORTS_ENV = "AGL_RAY_HEAD_PORTS"  # what rl_backend/trainer/verl_backend/ray_head.py reads
 # GPU nodes are commonly tainted so that only pods asking for GPUs land there.
 GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 # Where KubeRay's Helm quick start installs it, when the cluster cannot be asked (a dry run, no permission to list).
@@ -163,6 +168,8 @@ def trainer_env(names: Names, namespace: str, topology: Topology) -> list[dict[s
         # The Job's pod runs a Ray of its own, whose policy servers would listen on loopback: the gateway is another
         # pod, so they listen on this pod's address (netpol-policy.yaml.j2 lets only the gateway in).
         env.append({"name": "AGL_POLICY_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        # ...and its Ray's own listeners on ports outside the policy servers' range (the gateway's only way in).
+        env.append({"name": RAY_HEAD_PORTS_ENV, "value": json.dumps(RAY_HEAD_PORTS, separators=(",", ":"))})
     env.append(_secret_env(ADMIN_TOKEN_ENV, names.admin_secret, "token"))
     env.append(_secret_env(POLICY_KEY_ENV, names.policy_key, "token"))
     return env
