@@ -151,6 +151,8 @@ def trainer_env(names: Names, namespace: str, topology: Topology) -> list[dict[s
         "AGL_TRAIN_NAME": names.train,
         "AGL_GATEWAY_URL": names.gateway_url(namespace),
         "AGL_CHECKPOINT_DIR": "/checkpoints",
+        # Named when the trainer finds the volume unwritable (agl_cli/training/volume_check.py).
+        "AGL_CHECKPOINT_CLAIM": names.checkpoints,
         "AGL_HOME": "/checkpoints/agl",  # runs live with the checkpoints: a restarted pod resumes them
         "HF_HOME": "/checkpoints/huggingface",  # weights are fetched once per train, not once per pod
         # agl's converted models (rl_backend/serving/model_store.py): on the volume every trainer pod mounts, so the
