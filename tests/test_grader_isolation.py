@@ -258,3 +258,24 @@ def test_the_controller_says_so_when_no_grader_container_answers(tmp_path: Path)
 
     late = asyncio.run(take_and_hang())
     assert late.error is not None and "took the request but gave no answer within 1.3 s" in late.error
+
+
+def test_a_grader_that_runs_in_the_grader_container_is_not_looked_for_in_the_trainers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The grader container runs the rollouts' image: a tool only that image has (node, a test runner) is not on the
+    # trainer's PATH, and the trainer's preflight must not refuse the train for it. Locally it still does.
+    from agl_cli.errors import ConfigError
+    from agl_cli.evaluation.preflight import check_commands
+    from agl_cli.spec.schema import load_spec
+
+    (tmp_path / "agl.yaml").write_text(yaml.safe_dump({
+        "name": "iso", "agent": {"command": "true"}, "tasks": {"path": "tasks.jsonl"}, "runner": "kubernetes",
+        "kubernetes": {"image": "agent:1", "gateway_url": "http://10.0.0.1:8090"},
+        "grader": {"command": "agl-only-in-the-agent-image {task_file} {output_file}"}}))
+    (tmp_path / "tasks.jsonl").write_text('{"id": "t"}\n')
+    spec = load_spec(tmp_path / "agl.yaml")
+    monkeypatch.delenv("AGL_GRADER_DIR", raising=False)
+    with pytest.raises(ConfigError, match="agl-only-in-the-agent-image"):
+        check_commands(spec)
+    monkeypatch.setenv("AGL_GRADER_DIR", str(tmp_path))
+    check_commands(spec)
