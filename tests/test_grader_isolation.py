@@ -279,3 +279,40 @@ def test_a_grader_that_runs_in_the_grader_container_is_not_looked_for_in_the_tra
         check_commands(spec)
     monkeypatch.setenv("AGL_GRADER_DIR", str(tmp_path))
     check_commands(spec)
+
+
+def test_a_grader_that_swaps_the_request_folder_for_a_link_redirects_no_write(tmp_path: Path) -> None:
+    # The shared emptyDir is writable by both containers: a grader can rename `requests` away and put a link to a
+    # folder of the controller's in its place. The controller writes through the folder it made, never the link.
+    import asyncio
+
+    from agl_cli.evaluation.grade_channel import GraderChannel
+
+    shared, elsewhere = tmp_path / "grader", tmp_path / "controllers-own-folder"
+    shared.mkdir()
+    elsewhere.mkdir()
+    (tmp_path / "task.json").write_text("{}")
+    (tmp_path / "output.txt").write_text("42")
+    channel = GraderChannel(shared, pickup_s=0.3)
+    (shared / "requests").rename(shared / "moved")
+    (shared / "requests").symlink_to(elsewhere)
+
+    async def send() -> tuple[list[str], list[str]]:
+        task = asyncio.create_task(channel.run("{python} grade.py", rollout_id="r1", task_file=tmp_path / "task.json",
+                                               output_file=tmp_path / "output.txt", timeout_s=1))
+        await asyncio.sleep(0.15)  # the request is out, waiting to be taken
+        seen = sorted(p.name for p in elsewhere.iterdir()), sorted(p.name for p in (shared / "moved").iterdir())
+        with pytest.raises(TimeoutError, match="no grader container answered"):
+            await task
+        return seen
+
+    redirected, kept = asyncio.run(send())
+    assert redirected == [] and len(kept) == 3 and all(n.startswith("r1-") for n in kept)
+    assert list((shared / "moved").iterdir()) == []  # withdrawn after the timeout
+    # A link in place of the folder from the start is refused, not followed.
+    (shared / "requests").unlink()
+    (shared / "requests").symlink_to(elsewhere)
+    from agl_cli.evaluation.grade_channel import GraderChannelError
+
+    with pytest.raises(GraderChannelError, match="not a directory"):
+        GraderChannel(shared)

@@ -41,15 +41,21 @@ class GraderChannelError(RuntimeError):
     """The shared folder is not what the controller made it (a link, another owner): nothing is sent through it."""
 
 
-def _own_dir(path: Path, mode: int) -> Path:
-    """`path` as a directory this uid created (not a link the other container put there), with `mode`."""
+def _own_dir(path: Path, mode: int) -> int:
+    """`path` as a directory this uid created (not a link the other container put there), with `mode`; returns an
+    open descriptor of it: the controller writes through it, so renaming the path away or putting a link in its
+    place (the shared emptyDir itself is writable by both containers) never redirects a write."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=mode)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        raise GraderChannelError(f"{path} is not a directory (a link?): the grader channel is not used") from None
+    if os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
         raise GraderChannelError(f"{path} is not a directory of uid {os.getuid()}: the grader channel is not used")
-    os.chmod(path, mode)  # mkdir's mode is cut by the umask
-    return path
+    os.fchmod(fd, mode)  # mkdir's mode is cut by the umask
+    return fd
 
 
 def read_bounded(path: Path, limit: int | None = MAX_ANSWER_BYTES) -> bytes | None:
@@ -66,14 +72,17 @@ def read_bounded(path: Path, limit: int | None = MAX_ANSWER_BYTES) -> bytes | No
         return handle.read() if limit is None else handle.read(limit + 1)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Complete or absent: the reader polls for the name, so it is renamed into place only once written."""
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, dir_fd: int | None = None) -> None:
+    """Complete or absent: the reader polls for the name, so it is renamed into place only once written. With
+    `dir_fd`, `path`'s name is taken in that directory, whatever its path now leads to."""
+    name = path.name if dir_fd is not None else str(path)
+    partial = f".{path.name}.{secrets.token_hex(4)}.partial"
+    partial = partial if dir_fd is not None else str(path.with_name(partial))
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
-    os.chmod(partial, mode)
-    os.replace(partial, path)
+        os.fchmod(handle.fileno(), mode)
+    os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 class GraderChannel:
@@ -83,7 +92,8 @@ class GraderChannel:
         self.root = root
         self.pickup_s = pickup_s
         self.grace_s = grace_s
-        self.requests = _own_dir(root / "requests", 0o755)
+        self.requests = root / "requests"
+        self._requests_fd = _own_dir(self.requests, 0o755)
         self.answers = root / "answers"
 
     async def run(self, command: str, *, rollout_id: str, task_file: Path, output_file: Path,
@@ -92,16 +102,17 @@ class GraderChannel:
         request_id = f"{_safe(rollout_id)}-{secrets.token_hex(6)}"
         files = [self.requests / f"{request_id}.{suffix}" for suffix in ("task.json", "output", "json")]
         started = time.monotonic()
+        fd = self._requests_fd
         try:
-            write_atomic(files[0], task_file.read_bytes())
-            write_atomic(files[1], output_file.read_bytes())
+            write_atomic(files[0], task_file.read_bytes(), dir_fd=fd)
+            write_atomic(files[1], output_file.read_bytes(), dir_fd=fd)
             request = {"id": request_id, "rollout_id": rollout_id, "command": command, "timeout_s": timeout_s}
-            write_atomic(files[2], json.dumps(request).encode())
+            write_atomic(files[2], json.dumps(request).encode(), dir_fd=fd)
             answer = await self._wait(request_id, timeout_s)
         finally:
             for path in files:
                 with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                    os.unlink(path.name, dir_fd=fd)
         return _result(answer, time.monotonic() - started)
 
     async def _wait(self, request_id: str, timeout_s: float) -> dict[str, Any]:
