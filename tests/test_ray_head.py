@@ -1,6 +1,8 @@
 """The trainer Job's own Ray, started as the trainer starts it (`ray start --head` with the pinned ports of
 rl_backend/trainer/verl_backend/ray_head.py), listens on those ports and on Ray's fixed metric ports only: nothing
-of it lands in the ephemeral range, which in the pod is the policy servers' range, open to the gateway.
+of it lands in the ephemeral range, which in the pod is the policy servers' range, open to the gateway. And it
+refuses a caller without its token: the grader container shares the pod's network but not the trainer's
+environment, where the token is.
 
 The test pins ports of its own (the rendered ones, 6379 and so on, may be taken on a shared machine) and a temp
 folder of its own, and ends exactly the processes that carry that folder (never `ray stop`, which ends every Ray
@@ -23,7 +25,7 @@ import pytest
 
 from rl_backend.provision.options import POLICY_PORTS
 from rl_backend.provision.plan import RAY_HEAD_PORTS
-from rl_backend.trainer.verl_backend.ray_head import start_args
+from rl_backend.trainer.verl_backend.ray_head import start_head
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="listeners read from Linux's /proc")]
@@ -57,7 +59,8 @@ def _listening(processes: list[object]) -> dict[int, str]:
     return ports
 
 
-def test_the_jobs_ray_head_listens_only_where_it_was_told() -> None:
+def test_the_jobs_ray_head_listens_only_where_it_was_told_and_requires_its_token(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
     from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
     from ray.dashboard.consts import DASHBOARD_METRIC_PORT
@@ -68,10 +71,13 @@ def test_the_jobs_ray_head_listens_only_where_it_was_told() -> None:
     metric_ports = {"AUTOSCALER_METRIC_PORT": str(BASE + 10), "DASHBOARD_METRIC_PORT": str(BASE + 11)}
     temp = f"/tmp/agl-rh-{secrets.token_hex(4)}"  # short: Ray's unix sockets live under it
     ray_bin = str(Path(sys.executable).parent / "ray")
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)  # start_head sets them in this process; put back afterwards
+    for name, value in metric_ports.items():
+        monkeypatch.setenv(name, value)
     try:
-        done = subprocess.run([ray_bin, *start_args(ports, 1), f"--temp-dir={temp}"], capture_output=True,
-                              text=True, timeout=150, env={**os.environ, **metric_ports})
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert start_head(ports, 1, temp_dir=temp) == "auto"
+        assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
         listening: dict[int, str] = {}
         for _ in range(40):  # the agents come up after `ray start` returns
             time.sleep(0.25)
@@ -81,6 +87,13 @@ def test_the_jobs_ray_head_listens_only_where_it_was_told() -> None:
         allowed = {int(p) for p in ports.values()} | {int(p) for p in metric_ports.values()}
         assert listening and set(listening) <= allowed, {p: n for p, n in listening.items() if p not in allowed}
         assert {BASE, int(ports["node-manager-port"])} <= set(listening)  # GCS and raylet: really started
+        # What the grader container (same network, no token) gets from Ray, and what the trainer gets.
+        outsider = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        for env, code in ((outsider, 1), ({**outsider, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, 1),
+                          (dict(os.environ), 0)):
+            status = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{BASE}"], env=env, capture_output=True,
+                                    text=True, timeout=90)
+            assert status.returncode == code, (code, status.stdout[-500:], status.stderr[-500:])
     finally:
         for process in _ours(temp):
             with contextlib.suppress(Exception):  # it may have exited on its own

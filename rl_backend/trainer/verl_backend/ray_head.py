@@ -7,12 +7,19 @@ runtime-env agent, workers) from that same range, so the gateway could reach Ray
 ray.init cannot pin most of them; `ray start --head` can. The pod says which ports in $AGL_RAY_HEAD_PORTS (a JSON
 object of `ray start` flags to values, rl_backend/provision/plan.py); the trainer then starts that head and
 connects to it. Without the variable (a local train) nothing changes: ray.init starts Ray as before.
+
+That head also requires a token on every call (Ray's token authentication, RAY_AUTH_MODE=token, where the installed
+Ray has it; ray.init enables it by default for a Ray it starts, `ray start` does not): the pod's grader container
+shares the pod's network, so it reaches Ray's ports, and without the token, which only the trainer's container
+holds (its environment, inherited by Ray's processes), Ray refuses it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -50,12 +57,26 @@ def start_args(ports: Mapping[str, str], num_cpus: int | None) -> list[str]:
     return args
 
 
-def start_head(ports: Mapping[str, str], num_cpus: int | None) -> str:
-    """Start the head; returns the address ray.init connects to. The container's exit ends its processes."""
+def require_token(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Turn on Ray's token authentication in `environ` (this process's: `ray start` and ray.init both read it) with a
+    new token, unless RAY_AUTH_MODE is set already (the operator's choice) or this Ray has no such thing."""
+    if "RAY_AUTH_MODE" in environ:
+        return environ["RAY_AUTH_MODE"].lower() == "token"
+    if importlib.util.find_spec("ray._private.authentication.authentication_token_setup") is None:
+        return False
+    environ["RAY_AUTH_MODE"] = "token"
+    environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    return True
+
+
+def start_head(ports: Mapping[str, str], num_cpus: int | None, *, temp_dir: str | None = None) -> str:
+    """Start the head (requiring a token where Ray can); returns the address ray.init connects to. The container's
+    exit ends its processes. `temp_dir`: Ray's folder, when not its default."""
     ray = shutil.which("ray", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if ray is None:
         raise RayHeadError("`ray` is not on the PATH next to agl's python: the trainer image installs it with verl")
-    argv = [ray, *start_args(ports, num_cpus)]
+    require_token(os.environ)
+    argv = [ray, *start_args(ports, num_cpus), *([f"--temp-dir={temp_dir}"] if temp_dir else [])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
