@@ -257,6 +257,12 @@ def test_graders_run_in_a_container_of_their_own_without_the_controllers_credent
     # The ConfigMap it reads holds no key (the Secrets are separate objects, given by reference).
     config = _of(manifests, "ConfigMap")[0]
     assert not {"AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY", "token"} & set(config.get("data", {}))
+    if role == "head":
+        # The head's Ray requires a token, which KubeRay 1.7 gives only to the Ray container (containers[0]), an init
+        # container named wait-gcs-ready and the submitter (configureTokenAuth): never to the grader container.
+        (rayjob,) = _of(manifests, "RayJob")
+        assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+        assert pod["containers"][0]["name"] == "ray-head" and grader["name"] != "wait-gcs-ready"
     # Pods where no controller runs have no grader container (the GPU workers, the gateway, the submitter).
     others = [name for name, spec in pods.items() if name != role and spec.get("initContainers")]
     assert not any(c["name"] == "grader" for name in others for c in pods[name]["initContainers"])
