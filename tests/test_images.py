@@ -115,6 +115,8 @@ def _pod_commands(tmp_path: Path, trainer: str) -> dict[str, list[list[str]]]:
 def _help(venv: image_venv.ImageVenv, command: list[str], cwd: Path) -> None:
     """The command's program is on the image's PATH and its subcommand answers --help."""
     words = list(itertools.takewhile(lambda w: not w.startswith(("-", "/")), command))  # the program, subcommands
+    if command[1:2] == ["-m"]:  # `python -m MODULE ...`: the module answers --help (the grader container's)
+        words = command[:3]
     if words[:1] == ["ray"]:  # KubeRay runs `ray start` on head and workers, `ray job submit` in the submitter
         words = ["ray"]
     done = subprocess.run([*words, "--help"], cwd=cwd, env=venv.env(), capture_output=True, text=True, timeout=300)
@@ -184,9 +186,14 @@ def test_runtime_image_install_lines_run_the_gateway_and_agents(runtime_venv: im
                                                                 tmp_path: Path) -> None:
     venv = runtime_venv
     assert not venv.excluded and "kubernetes" in venv.resolved
-    gateway = [c for image, cs in _pod_commands(tmp_path, "job").items() if "agl-runtime" in image for c in cs]
-    assert gateway and all(c[:3] == ["agl", "gateway", "serve"] for c in gateway)
-    for command in gateway:
+    commands = [c for image, cs in _pod_commands(tmp_path, "job").items() if "agl-runtime" in image for c in cs]
+    gateway = [c for c in commands if c[:3] == ["agl", "gateway", "serve"]]
+    # The trainer pod's grader container runs the rollouts' image: this one when the agent has no image of its own,
+    # else the agent's, which docker/README.md builds on this one.
+    grader = ["python", "-m", "agl_cli.evaluation.grade_server", "/grader", "--project", "/etc/agl/project"]
+    assert gateway and all(c in (*gateway, grader) for c in commands), commands
+    assert grader in [c for cs in _pod_commands(tmp_path, "rayjob").values() for c in cs]
+    for command in [*gateway, grader]:
         _help(venv, command, tmp_path)
     # Rollout pods without an agent image run the agent's files on this image: its imports are there.
     done = subprocess.run(["python", "-c", "import openai, anthropic, kubernetes, agl_cli"], env=venv.env(),

@@ -123,7 +123,9 @@ def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readines
     trainer = pod["containers"][0]
     assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert trainer["command"] == ["agl", "train", "/etc/agl/project/agl.yaml", "--backend", "verl", "--resume"]
-    assert pod["serviceAccountName"] == NAMES.controller and pod["automountServiceAccountToken"] is True
+    # The token goes to the trainer's container alone (projected), not pod-wide: the grader container gets none.
+    assert pod["serviceAccountName"] == NAMES.controller and pod["automountServiceAccountToken"] is False
+    assert "api-token" in {m["name"] for m in trainer["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == NAMES.checkpoints
     assert {"key", "path"} <= set(volumes["project"]["configMap"]["items"][0])

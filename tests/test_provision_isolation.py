@@ -174,27 +174,98 @@ def test_the_policy_servers_key_is_generated_and_reaches_the_gateway_and_trainer
     assert [s["metadata"]["name"] for s in _of(manifests, "Service")] == [NAMES.gateway]
 
 
-@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
-def test_only_the_pod_running_the_rollout_controller_holds_an_api_token(tmp_path: Path,
-                                                                        extra: dict[str, Any]) -> None:
-    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
-    automount = {}
+def _pod_specs(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    found = {}
     for manifest in manifests:
         if manifest["kind"] in ("Deployment", "Job"):
-            automount[manifest["kind"]] = manifest["spec"]["template"]["spec"]["automountServiceAccountToken"]
+            found[manifest["kind"]] = manifest["spec"]["template"]["spec"]
         if manifest["kind"] == "RayJob":
             cluster = manifest["spec"]["rayClusterSpec"]
-            automount["head"] = cluster["headGroupSpec"]["template"]["spec"]["automountServiceAccountToken"]
-            automount["worker"] = cluster["workerGroupSpecs"][0]["template"]["spec"]["automountServiceAccountToken"]
-            automount["submitter"] = manifest["spec"]["submitterPodTemplate"]["spec"]["automountServiceAccountToken"]
-    controller = "Job" if "Job" in automount else "head"
-    assert {k for k, v in automount.items() if v} == {controller}
+            found["head"] = cluster["headGroupSpec"]["template"]["spec"]
+            found["worker"] = cluster["workerGroupSpecs"][0]["template"]["spec"]
+            found["submitter"] = manifest["spec"]["submitterPodTemplate"]["spec"]
+    return found
+
+
+def _token_volumes(pod: dict[str, Any]) -> set[str]:
+    return {v["name"] for v in pod.get("volumes") or []
+            if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", []))}
+
+
+@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
+def test_only_the_rollout_controllers_container_holds_an_api_token(tmp_path: Path, extra: dict[str, Any]) -> None:
+    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
+    pods = _pod_specs(manifests)
+    # No pod mounts a token pod-wide: every container of it (a grader's too) would read it.
+    assert all(pod["automountServiceAccountToken"] is False for pod in pods.values()), pods.keys()
+    holders = set()
+    for role, pod in pods.items():
+        tokens = _token_volumes(pod)
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            if {m["name"] for m in container.get("volumeMounts", [])} & tokens:
+                mount = next(m for m in container["volumeMounts"] if m["name"] in tokens)
+                # Where the Kubernetes client finds in-cluster credentials (token, ca.crt, namespace).
+                assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" and mount["readOnly"]
+                holders.add((role, container["name"]))
+    assert holders == ({("Job", "trainer")} if "Job" in pods else {("head", "ray-head")})
+    controller = pods["Job"] if "Job" in pods else pods["head"]
+    assert controller["serviceAccountName"] == NAMES.controller
     # ...and that pod runs no agent: every rollout is a Job of its own, which gets no token either.
     assert cluster_spec(manifests).model_dump()["project"]["config_map"] == NAMES.config
     copied = yaml.safe_load(next(v for k, v in _of(manifests, "ConfigMap")[0]["data"].items()
                                  if k.endswith("agl.yaml")))
     assert copied["runner"] == "kubernetes"
     assert rollout_job(manifests, tmp_path)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("extra", [{"gpus": 1}, {"gpus": 16, "nodes": 2}])
+def test_graders_run_in_a_container_of_their_own_without_the_controllers_credentials(
+        tmp_path: Path, extra: dict[str, Any]) -> None:
+    from agl_cli.evaluation.grade_channel import GRADER_DIR_ENV
+    from rl_backend.provision.plan import GRADER_UID, UID
+
+    manifests = dry_run(load_target(write_project(tmp_path)), options(**extra)).manifests
+    pods = _pod_specs(manifests)
+    role = "Job" if "Job" in pods else "head"
+    pod = pods[role]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (grader,) = [c for c in pod["initContainers"] if c["name"] == "grader"]
+    (controller,) = pod["containers"]
+    # The rollouts' image: the tools the agent's work is checked with (docker/README.md).
+    assert grader["image"] == rollout_job(manifests, tmp_path)["spec"]["template"]["spec"]["containers"][0]["image"]
+    # A native sidecar: up before the controller, ended with it (a Job's pod completes).
+    assert grader["restartPolicy"] == "Always"
+    assert grader["command"][:3] == ["python", "-m", "agl_cli.evaluation.grade_server"]
+    # Its own non-root uid, not the controller's (the pod's), no way to gain privileges.
+    security = grader["securityContext"]
+    assert security["runAsUser"] == GRADER_UID != UID == pod["securityContext"]["runAsUser"]
+    assert security["runAsNonRoot"] and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert pod.get("shareProcessNamespace") is False  # the controller's processes are not in its /proc
+    # Nothing secret in its environment (no Secret reference, no value from the pod), none on its volumes.
+    assert "envFrom" not in grader
+    assert all("valueFrom" not in e for e in grader["env"]), grader["env"]
+    assert not {"AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY"} & {e["name"] for e in grader["env"]}
+    mounted = {m["name"]: m for m in grader["volumeMounts"]}
+    assert set(mounted) == {"project", "grader", "grader-tmp"}
+    assert mounted["project"]["readOnly"] is True and "configMap" in volumes["project"]
+    assert "emptyDir" in volumes["grader"] and "emptyDir" in volumes["grader-tmp"]
+    # The one thing it shares with the controller: the grader emptyDir, at the path the controller is told.
+    shared = next(m["mountPath"] for m in controller["volumeMounts"] if m["name"] == "grader")
+    assert _env(controller)[GRADER_DIR_ENV]["value"] == shared == mounted["grader"]["mountPath"]
+    assert shared in grader["command"]
+    # The ConfigMap it reads holds no key (the Secrets are separate objects, given by reference).
+    config = _of(manifests, "ConfigMap")[0]
+    assert not {"AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY", "token"} & set(config.get("data", {}))
+    if role == "head":
+        # The head's Ray requires a token, which KubeRay 1.7 gives only to the Ray container (containers[0]), an init
+        # container named wait-gcs-ready and the submitter (configureTokenAuth): never to the grader container.
+        (rayjob,) = _of(manifests, "RayJob")
+        assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+        assert pod["containers"][0]["name"] == "ray-head" and grader["name"] != "wait-gcs-ready"
+    # Pods where no controller runs have no grader container (the GPU workers, the gateway, the submitter).
+    others = [name for name, spec in pods.items() if name != role and spec.get("initContainers")]
+    assert not any(c["name"] == "grader" for name in others for c in pods[name]["initContainers"])
 
 
 def test_rollout_labels_match_the_gateway_policy(tmp_path: Path) -> None:
@@ -353,3 +424,41 @@ def test_the_templates_agl_yaml_names_reach_the_cluster(tmp_path: Path) -> None:
 def config_items(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     job = _of(manifests, "Job")[0]["spec"]["template"]["spec"]
     return next(v for v in job["volumes"] if v["name"] == "project")["configMap"]["items"]
+
+
+def test_the_one_node_jobs_own_ray_listens_outside_the_ports_opened_to_the_gateway(tmp_path: Path) -> None:
+    # ray.init would take Ray's listeners from the pod's ephemeral range, which is the policy servers' range, the
+    # one the gateway may reach: the Job's trainer starts its head with every `ray start` port option pinned.
+    from ray.scripts.scripts import start
+
+    from rl_backend.trainer.verl_backend.ray_head import pinned_ports, start_args
+
+    manifests = dry_run(load_target(write_project(tmp_path)), options(gpus=1)).manifests
+    trainer = _of(manifests, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    ports = pinned_ports({"AGL_RAY_HEAD_PORTS": _env(trainer)["AGL_RAY_HEAD_PORTS"]["value"]})
+    assert ports is not None
+    # Every port option of the installed Ray's `ray start` is pinned, but the alternatives to those given.
+    options_of_ray = {p.opts[0].lstrip("-") for p in start.params if "port" in p.name}
+    assert options_of_ray - set(ports) == {"redis-shard-ports", "worker-port-list"}, options_of_ray - set(ports)
+    # The installed Ray parses what the trainer runs (a renamed flag would fail here, not in the pod).
+    parsed = start.make_context("start", start_args(ports, 8)[1:]).params
+    assert parsed["head"] and parsed["include_dashboard"] is False and parsed["num_cpus"] == 8
+    low, high = POLICY_PORTS
+    numbers = {flag: int(value) for flag, value in ports.items()}
+    assert all(not low <= n <= high for n in numbers.values()), numbers
+    assert numbers["max-worker-port"] < low or numbers["min-worker-port"] > high  # the workers' whole range
+    assert parsed["port"] == numbers["port"] and parsed["min_worker_port"] == numbers["min-worker-port"]
+    # ...and none of them is open to the gateway (nor to anyone else) under the rendered policies.
+    policies = _of(manifests, "NetworkPolicy")
+    pods = _pods(manifests, tmp_path)
+    for port in (*numbers.values(), numbers["min-worker-port"] + 1):
+        for who in ("gateway", "rollout", "other"):
+            assert not allowed(policies, pods[who], pods["trainer"], port), (who, port)
+    assert allowed(policies, pods["gateway"], pods["trainer"], low)
+    # A local train (no such variable) starts Ray through ray.init, as before; a broken one is named.
+    assert pinned_ports({}) is None
+    from rl_backend.trainer.verl_backend.ray_head import RayHeadError
+
+    for broken in ("{6379", '{"port": "x"}', "[6379]"):
+        with pytest.raises(RayHeadError, match=r"\$AGL_RAY_HEAD_PORTS"):
+            pinned_ports({"AGL_RAY_HEAD_PORTS": broken})

@@ -134,7 +134,8 @@ def test_the_trainer_pods_are_checked_against_the_nodes_the_api_lists(tmp_path: 
 
     small = [_node("gpu-1")]  # one L4 on a 4 vCPU / 16 GiB machine
     (finding,) = findings(small)
-    assert "fits 0 of the 1 nodes" in finding.text and "cpu 4 wanted, 3.92 allocatable" in finding.text
+    # The trainer's 4 CPUs and its grader container's 0.1 (a sidecar: it runs beside the trainer).
+    assert "fits 0 of the 1 nodes" in finding.text and "cpu 4.1 wanted, 3.92 allocatable" in finding.text
     assert "--trainer-cpu" in finding.hint
     assert findings(small, trainer_cpu="3", trainer_memory="12Gi") == []
     # GKE Autopilot-like: the GPU nodes carry an accelerator label and their own taint.
@@ -167,8 +168,9 @@ def test_preflight_reads_the_cluster_and_applies_nothing(tmp_path: Path) -> None
     target = load_target(write_project(tmp_path))
     err, out, err_text, _ = consoles()
 
-    async def scenario(classes: list[dict[str, Any]], **extra: Any) -> Any:
+    async def scenario(classes: list[dict[str, Any]], version: str = "30", **extra: Any) -> Any:
         async with cluster(kuberay=True) as (server, api, _):
+            server["get /version/"] << {"major": "1", "minor": f"{version}+", "gitVersion": f"v1.{version}.2-eks-1"}
             server.resources["v1/nodes"] = kmock.ResourceInfo(namespaced=False)
             server.resources["storage.k8s.io/v1/storageclasses"] = kmock.ResourceInfo(namespaced=False)
             for item in classes:
@@ -189,6 +191,12 @@ def test_preflight_reads_the_cluster_and_applies_nothing(tmp_path: Path) -> None
     error, config_maps = asyncio.run(scenario([GKE_PD], gpus=16))
     assert isinstance(error, ProvisionError) and error.exit_code == 2 and config_maps == []
     assert "would not start; nothing was applied" in error.message and "ReadWriteMany" in error.message
+    # The grader container is a native sidecar: a cluster older than 1.29 would hold the trainer pod in Init.
+    old, config_maps = asyncio.run(scenario([GKE_PD, FILESTORE], version="27", gpus=16, storage_class="standard-rwx"))
+    assert isinstance(old, ProvisionError) and old.exit_code == 2 and config_maps == []
+    assert "Kubernetes v1.27.2-eks-1" in old.message and "upgrade the cluster to Kubernetes 1.29" in old.message
+    gated, _ = asyncio.run(scenario([GKE_PD, FILESTORE], version="28", gpus=16, storage_class="standard-rwx"))
+    assert gated.outcome == "preflight" and "SidecarContainers feature gate" in err_text.getvalue()
 
 
 def test_gpu_pod_placement_and_size_are_settable_and_checked(tmp_path: Path) -> None:

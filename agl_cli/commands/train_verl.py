@@ -124,6 +124,7 @@ def verl_command(
     from agl_cli.spec.tasks import load_tasks, select_tasks
     from agl_cli.training.sync_job import TrainOptions
     from agl_cli.training.verl_job import VerlTrainingRun, newest_verl_run, render_config, verl_settings
+    from agl_cli.training.volume_check import check_checkpoint_volume
     from rl_backend.trainer.trackers import open_trackers
     from rl_backend.trainer.verl_backend.runtime import launch_hint, missing_requirements
 
@@ -143,6 +144,8 @@ def verl_command(
     if policy_server not in ("auto", "vllm", "embedded"):
         raise UsageError(f"--policy-server {policy_server!r}: use auto, vllm or embedded")
     spec = load_spec(config)
+    # In a cluster pod, before the model is converted onto the volume: one that ignores fsGroup fails now, named.
+    check_checkpoint_volume()
     options = TrainOptions(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
                            temperature=temperature, lora=lora, loss_agg=loss_agg, kl_coef=kl_coef,
                            train_split=train_split, heldout_split=heldout_split, heldout_limit=heldout_limit,

@@ -4,13 +4,14 @@ A grader that crashes, hangs or prints something that is not a score leaves the 
 with the reason: a missing reward is never counted as 0.
 
 In a cluster (a pod: $KUBERNETES_SERVICE_HOST is set) agl's process holds the controller's credentials, so no
-grader runs inside it: an `entry:` grader runs in a child process (agl_cli/evaluation/grade_entry.py) like a `command:` one,
-with the graders' environment (agl's credentials removed), and agl's process is made non-dumpable (Linux
-PR_SET_DUMPABLE), so a grader under the same uid cannot read its /proc/PID/environ or memory either (the admin token
-is also kept out of the processes agl starts: agl_cli/evaluation/services.py). Not covered yet, since the grader keeps agl's
-uid: the ServiceAccount token file the trainer pod mounts, the policy servers' key (in vLLM's processes), and in a
-RayJob's head the environment of Ray's processes (PID 1 there is Ray): those need the grader in a container of its
-own.
+grader runs inside it. In the trainer's pod of `agl train --on kubernetes` ($AGL_GRADER_DIR set) every grader,
+`command:` or `entry:`, runs in the pod's `grader` container: another uid, no ServiceAccount token, no credential in
+its environment or volumes, no view of the controller's processes (agl_cli/evaluation/grade_channel.py sends it the
+request, agl_cli/evaluation/grade_server.py runs it there). In any other pod an `entry:` grader runs in a child process
+(agl_cli/evaluation/grade_entry.py) like a `command:` one, with the graders' environment (agl's credentials removed),
+and agl's process is made non-dumpable (Linux PR_SET_DUMPABLE), so a grader under the same uid cannot read its
+/proc/PID/environ or memory either (the admin token is also kept out of the processes agl starts:
+agl_cli/evaluation/services.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from agl_cli.evaluation.entry_agent import import_entry
+from agl_cli.evaluation.grade_channel import GRADER_DIR_ENV, GraderChannel, GraderChannelError
 from agl_cli.spec.command_template import fill
 from agl_cli.spec.schema import ExperimentSpec
 from rl_backend.gateway.jsonfast import deeper_than
-from rl_backend.rollout.base import RolloutJob
+from rl_backend.rollout.base import ProcessResult, RolloutJob
 from rl_backend.rollout.local import LocalController
 from rl_backend.store.db import RunStore
 from rl_backend.store.records import FailureKind, RewardSource, check_reward
@@ -152,6 +154,9 @@ class Grader:
         self.isolate = in_cluster() if isolate is None else isolate
         if self.isolate:
             protect_process()
+        # The trainer's pod on a cluster: graders run in its grader container, out of this container's reach.
+        channel_dir = os.environ.get(GRADER_DIR_ENV)
+        self.channel = GraderChannel(Path(channel_dir)) if channel_dir else None
 
     async def grade(self, rollout_id: str, task: dict[str, Any], task_file: Path, output_file: Path) -> Grade:
         grader = self.spec.grader
@@ -168,6 +173,11 @@ class Grader:
                 None, RewardSource.none, failure=FailureKind.no_output,
                 error=f"the agent exited without writing its output file ({output_file.name})",
             )
+        if self.channel is not None:
+            # An entry grader too: the container's python runs it (grade_entry), with the container's imports.
+            command = grader.command or ("{python} -m agl_cli.evaluation.grade_entry "
+                                         f"{shlex.quote(str(grader.entry))} {{task_file}} {{output_file}}")
+            return await self._grade_remote(command, rollout_id, task_file, output_file)
         if grader.entry and self.isolate:
             run = shlex.join([sys.executable, "-m", "agl_cli.evaluation.grade_entry", grader.entry])
             return await self._grade_command(run + " {task_file} {output_file}", rollout_id, task_file, output_file)
@@ -204,16 +214,29 @@ class Grader:
             rollout_id=rollout_id, command=line, env=self.env, cwd=self.spec.base_dir,
             rollout_dir=task_file.parent, timeout_s=self.spec.grader.timeout_s,
         )
-        result = await self.controller.run(job)
-        if result.timed_out:
-            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
-                         error=f"the grader did not finish within {self.spec.grader.timeout_s:g} s")
-        if result.exit_code != 0:
-            last = (result.stderr_tail.strip().splitlines() or ["(no stderr)"])[-1]
-            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
-                         error=f"the grader exited with code {result.exit_code}: {_clip(last, 300)}")
+        return _judge(await self.controller.run(job), self.spec.grader.timeout_s)
+
+    async def _grade_remote(self, command: str, rollout_id: str, task_file: Path, output_file: Path) -> Grade:
+        assert self.channel is not None
         try:
-            score, detail = parse_score(result.stdout_tail)
-        except ValueError as exc:
-            return Grade(None, RewardSource.none, failure=FailureKind.grader_garbage, error=str(exc))
-        return Grade(score, RewardSource.grader, detail=detail)
+            result = await self.channel.run(command, rollout_id=rollout_id, task_file=task_file,
+                                            output_file=output_file, timeout_s=self.spec.grader.timeout_s)
+        except (TimeoutError, GraderChannelError) as exc:
+            return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed, error=str(exc))
+        return _judge(result, self.spec.grader.timeout_s)
+
+
+def _judge(result: ProcessResult, timeout_s: float) -> Grade:
+    """A grader process's end as a grade: its score, or why there is none."""
+    if result.timed_out:
+        return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
+                     error=f"the grader did not finish within {timeout_s:g} s")
+    if result.exit_code != 0:
+        last = (result.stderr_tail.strip().splitlines() or ["(no stderr)"])[-1]
+        return Grade(None, RewardSource.none, failure=FailureKind.grader_crashed,
+                     error=f"the grader exited with code {result.exit_code}: {_clip(last, 300)}")
+    try:
+        score, detail = parse_score(result.stdout_tail)
+    except ValueError as exc:
+        return Grade(None, RewardSource.none, failure=FailureKind.grader_garbage, error=str(exc))
+    return Grade(score, RewardSource.grader, detail=detail)

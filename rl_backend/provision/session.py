@@ -116,7 +116,7 @@ def render_train(target: TrainTarget, options: ProvisionOptions, rayjob_installe
     context = template_context(
         names=names, namespace=namespace, options=options, topology=topology, refs=refs,
         files=carried_files(target, names, namespace, options.include, source), provision_id=provision_id,
-        image_pull_secrets=list(spec.image_pull_secrets) if spec else [],
+        image_pull_secrets=list(spec.image_pull_secrets) if spec else [], grader_image=source.image,
     )
     version = options.kubernetes_version or (spec.kubernetes_version if spec else DEFAULT_KUBERNETES_VERSION)
     rendered = render_all(context, withheld=local_key_values(refs), kubernetes_version=version,

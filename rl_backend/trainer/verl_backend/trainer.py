@@ -34,6 +34,7 @@ from rl_backend.trainer.interfaces import Gate
 from rl_backend.trainer.verl_backend.config import VerlSettings
 from rl_backend.trainer.verl_backend.listen import POLICY_HOST_ENV, own_ray_policy_host
 from rl_backend.trainer.verl_backend.plugins import SETUP_HOOK, register_all
+from rl_backend.trainer.verl_backend.ray_head import RayHeadError, pinned_ports, start_head
 
 log = logging.getLogger(__name__)
 
@@ -194,14 +195,23 @@ class VerlTrainer:
                 # vLLM's OpenAI server then refuses calls without this key (the gateway sends it).
                 env["VLLM_API_KEY"] = os.environ[POLICY_KEY_ENV]
             cluster = os.environ.get("RAY_ADDRESS") or None
+            num_cpus = self.settings.ray_num_cpus
             if cluster is None:
                 # A Ray of this process's own: the rollout servers listen on loopback (Ray itself will not use a
                 # loopback node address), since only this machine's gateway calls them; in a trainer Job's pod, on
                 # the pod's address, which the deployed gateway calls.
                 env[POLICY_HOST_ENV] = own_ray_policy_host(os.environ)
-            _init_ray(lambda: ray.init(address=cluster, num_cpus=self.settings.ray_num_cpus,
+                try:
+                    ports = pinned_ports(os.environ)
+                    if ports is not None:  # a trainer Job's pod: Ray's listeners outside the gateway's ports
+                        cluster, num_cpus = start_head(ports, num_cpus), None
+                        self.log(f"started Ray's head with its ports pinned ({', '.join(sorted(ports.values()))})")
+                except RayHeadError as exc:
+                    raise VerlLaunchError(str(exc)) from None
+            _init_ray(lambda: ray.init(address=cluster, num_cpus=num_cpus,
                                        runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": env},
-                                       include_dashboard=False, log_to_driver=True), self.log)
+                                       include_dashboard=False, log_to_driver=True),
+                      self.log)
         pool, role = _resource_pool_manager(self.settings)
         tokenizer = hf_tokenizer(self.settings.model_path)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
