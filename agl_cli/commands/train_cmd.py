@@ -114,11 +114,14 @@ def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     comparison = _before_after(run, outcome["after_variant"])
     manifest = run.manifest()
     manifest["status"] = "completed"
+    manifest["sampling_overridden"] = outcome.get("sampling_overridden") or {}
     run.write_manifest(manifest)
     trained = outcome["trained_model"]
     return {
         "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"],
         "stopped_early": outcome.get("stopped_early"), "comparison": comparison,
+        # The agent's request fields training calls overrode (rl_backend.gateway.training_fields), calls per field.
+        "sampling_overridden": outcome.get("sampling_overridden") or {},
         "trained_model": trained, "trained_adapter": outcome.get("trained_adapter"),
         "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
         if trained else None,

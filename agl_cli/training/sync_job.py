@@ -118,6 +118,15 @@ def loop_config(spec: ExperimentSpec, options: TrainOptions, *, iterations: int,
                       pass_threshold=spec.pass_threshold, collapse=CollapseRule(enabled=options.stop_on_collapse))
 
 
+def overridden_message(fields: dict[str, int]) -> str:
+    """The warning that the agent asked for sampling the loss cannot model, and what training did instead."""
+    listed = ", ".join(f"{name} ({calls} calls)" for name, calls in fields.items())
+    return (f"warning: the agent sent sampling settings that training calls do not keep: {listed}. Training samples "
+            "from the policy's whole distribution at --temperature (top_p 1, no top_k, min_p, penalties, logit bias "
+            "or constrained output), the distribution its loss models; `agl eval` and the held-out split send the "
+            "agent's requests as they are")
+
+
 def run_plan(runner: EvalRunner, plan: list[PlannedRollout]) -> None:
     """Every rollout of `plan` through the eval runner, to the end. Each plan closes its controller (the Kubernetes
     one deletes the plan's Jobs and ends its watch, which belongs to this plan's event loop), so a runner whose
@@ -216,6 +225,7 @@ class TrainingRun:
             finally:
                 self._stop_backend()
         curve = read_curve(store)
+        overridden = store.sampling_overridden()
         store.close()
         final = latest_checkpoint(checkpoints)
         exported = self._export(final) if final is not None else {}
@@ -224,7 +234,8 @@ class TrainingRun:
         return {"curve": [c.to_json() for c in curve], "trained_model": exported.get("model"),
                 "trained_adapter": exported.get("adapter"), "after_variant": after.name,
                 "stopped_early": {"after_iteration": len(curve), "of": self.options.steps, "reason": stopped}
-                if stopped and len(curve) < self.options.steps else None}
+                if stopped and len(curve) < self.options.steps else None,
+                "sampling_overridden": overridden}
 
     def _train(self, stack: RunServices, store: RunStore, trainer: PolicyTrainer, engine: WeightSink,
                on_step: Callable[[Any], None], before: Variant, during: Variant, checkpoints: Path) -> Variant:
@@ -239,6 +250,7 @@ class TrainingRun:
         done = len(read_curve(store))
         sampler = self._runner(stack, store, overrides=self.sampling_overrides())
         batches = TrainingBatches(sampler, self.train_tasks, during, self.options, first_iteration=done)
+        on_step = self._warn_overridden(store, on_step)
         loop = TrainingLoop(store, trainer, batches, engine=engine, on_step=on_step,
                             config=loop_config(self.spec, self.options, iterations=max(0, self.options.steps - done),
                                                checkpoints=checkpoints))
@@ -260,8 +272,26 @@ class TrainingRun:
         return after
 
     def sampling_overrides(self) -> dict[str, Any]:
-        """What the gateway sets on every training call, whatever the agent asks: the training temperature."""
-        return {"temperature": self.options.temperature}
+        """What the gateway sets on every training call, whatever the agent asks: the training temperature, top_p 1,
+        and only the request fields that leave sampling alone (rl_backend.gateway.training_fields). The loss sees
+        the policy's whole distribution; a token drawn from a narrower or reshaped one would bias its gradient."""
+        from rl_backend.gateway.training_fields import KNOB
+
+        return {"temperature": self.options.temperature, "top_p": 1.0, KNOB: True}
+
+    def _warn_overridden(self, store: RunStore, on_step: Callable[[Any], None]) -> Callable[[Any], None]:
+        """`on_step`, and once per run (the first step whose calls had some) which of the agent's sampling
+        fields the gateway overrode on training calls."""
+        warned = False
+
+        def step(record: Any) -> None:
+            nonlocal warned
+            on_step(record)
+            if not warned and (fields := store.sampling_overridden()):
+                warned = True
+                self.log(overridden_message(fields))
+
+        return step
 
     def _runner(self, stack: RunServices, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
         return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),
