@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -61,6 +62,23 @@ class TrainOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def temperature_problem(options: TrainOptions) -> str | None:
+    """Why the torch backend's loss cannot model tokens sampled at `options.temperature`, if it cannot. The engine
+    records raw (temperature 1) logprobs; at another temperature the trainer recomputes the old logprobs at that
+    temperature with the weights that sampled the batch, which only the sync loop still holds."""
+    temperature = options.temperature
+    if not (math.isfinite(temperature) and temperature > 0):
+        return (f"--temperature {temperature:g}: training samples from the policy, which needs a temperature above "
+                "0 (0 is greedy: every rollout of a group alike, nothing to learn from); use --temperature 1 (the "
+                "default) or a value such as 0.7")
+    if temperature != 1.0 and options.loop == "collocated-async":
+        return (f"--temperature {temperature:g} with --loop collocated-async: the engine records raw (temperature 1) "
+                "logprobs, and a stale rollout's tokens were sampled by weights the trainer no longer holds, so "
+                f"neither the record nor a recompute describes tokens sampled at {temperature:g}; use --temperature 1 "
+                "(the default) with collocated-async, or --loop sync")
+    return None
 
 
 def trained_upstream(spec: ExperimentSpec) -> str:
@@ -184,6 +202,7 @@ class TrainingRun:
             lr=self.options.lr,
             loss=LossConfig(loss_agg=self.options.loss_agg, kl_coef=self.options.kl_coef),  # type: ignore[arg-type]
             lora=LoraSettings() if self.options.lora else None,
+            logit_temperature=self.options.temperature,  # the loss models the distribution the tokens came from
         )
         resume_from = latest_checkpoint(checkpoints)
         if resume_from is not None:
