@@ -69,6 +69,19 @@ def test_missing_logprobs_are_recomputed_from_the_current_policy() -> None:
     assert m["ppo_kl"] == pytest.approx(0.0, abs=1e-6) and m["logprob_abs_diff"] < 1e-6
 
 
+def test_at_a_sampling_temperature_the_old_logprobs_are_those_of_the_tempered_policy() -> None:
+    """The engine records raw (temperature 1) logprobs; tokens sampled at T come from softmax(logits / T). The
+    trainer at logit_temperature T recomputes the old logprobs at T (the sync loop's weights sampled the batch), so
+    the first update's ratio is 1, not the raw-vs-tempered gap."""
+    trainer = TorchTrainer(tiny_llama(), TrainerConfig(lr=1e-2, logit_temperature=0.5))
+    batch = toy_batch(trainer.model)
+    recorded = [lp for row in batch.rows for lp in row.old_logprobs if lp != 0.0]
+    assert recorded and all(math.isfinite(lp) for lp in recorded)
+    m = trainer.train_step(batch)
+    assert m["ppo_kl"] == pytest.approx(0.0, abs=1e-6) and m["logprob_abs_diff"] < 1e-5
+    assert m["pg_clipfrac"] == 0.0
+
+
 def test_kl_to_reference_is_zero_then_grows() -> None:
     cfg = TrainerConfig(lr=2e-2, loss=LossConfig(kl_coef=0.1), ppo_epochs=2)
     trainer = TorchTrainer(tiny_llama(), cfg)

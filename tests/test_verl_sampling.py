@@ -1,6 +1,7 @@
 """Sampling settings the verl backend's loss can account for: its policy servers record raw (temperature 1)
 logprobs and the actor recomputes at temperature 1, so a training temperature other than 1 is refused with the
-reason, and the agent's top_p is set to 1 on every training call (the gateway writes it into the request)."""
+reason, and the agent's top_p is set to 1 on every training call (the gateway writes it into the request; the rest of
+what could shape sampling: tests/test_gateway_training_fields.py)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def _verl_run(temperature: float) -> Any:
 
 def test_training_calls_sample_from_the_whole_distribution_whatever_the_agent_asks() -> None:
     overrides = _verl_run(1.0).sampling_overrides()
-    assert overrides == {"temperature": 1.0, "top_p": 1.0}
+    assert overrides == {"temperature": 1.0, "top_p": 1.0, "training_call": True}
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0.5,
                             "temperature": 0.2}
     applied = apply_knobs(Api.openai_chat, body, overrides)
     assert body["top_p"] == 1.0 and body["temperature"] == 1.0
-    assert applied == {"temperature": 1.0, "top_p": 1.0}  # recorded with the call: what the agent's request became
+    # Recorded with the call: what the agent's request became, and the agent's values it no longer carries.
+    assert applied == {"temperature": 1.0, "top_p": 1.0, "sampling_overridden": {"temperature": 0.2, "top_p": 0.5}}

@@ -114,11 +114,14 @@ def finish_run(run: RunDir, outcome: dict[str, Any]) -> dict[str, Any]:
     comparison = _before_after(run, outcome["after_variant"])
     manifest = run.manifest()
     manifest["status"] = "completed"
+    manifest["sampling_overridden"] = outcome.get("sampling_overridden") or {}
     run.write_manifest(manifest)
     trained = outcome["trained_model"]
     return {
         "run_id": run.run_id, "run_dir": str(run.path), "steps": outcome["curve"],
         "stopped_early": outcome.get("stopped_early"), "comparison": comparison,
+        # The agent's request fields training calls overrode (rl_backend.gateway.training_fields), calls per field.
+        "sampling_overridden": outcome.get("sampling_overridden") or {},
         "trained_model": trained, "trained_adapter": outcome.get("trained_adapter"),
         "model_knob": {"upstream": {"trained": {"kind": "embedded", "model": trained}}, "value": f"trained/{TRAINED_DIR}"}
         if trained else None,
@@ -154,7 +157,7 @@ def train_command(
     tasks_per_step: Annotated[int, typer.Option(help="Training tasks per update.")] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per task per update (the GRPO group).")] = 4,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-5,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts.")] = 1.0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of training rollouts, above 0 (the loss recomputes the old logprobs at it; 1 only with --loop collocated-async).")] = 1.0,  # noqa: E501
     lora: Annotated[bool, typer.Option(help="Train a LoRA adapter instead of all weights.")] = False,
     loss_agg: Annotated[
         str, typer.Option(help="rollout (per-rollout normalization), token-mean or seq-mean-token-mean.")
@@ -187,7 +190,7 @@ def train_command(
     from agl_cli.errors import UsageError
     from agl_cli.evaluation.interrupts import TermAsInterrupt
     from agl_cli.spec.tasks import load_tasks, select_tasks
-    from agl_cli.training.sync_job import TRAINED_DIR, TrainingRun, TrainOptions
+    from agl_cli.training.sync_job import TRAINED_DIR, TrainingRun, TrainOptions, temperature_problem
 
     console = stderr_console()
     if loop not in ("sync", "collocated-async"):
@@ -199,6 +202,8 @@ def train_command(
         if config is not None:
             raise UsageError("--resume RUN takes no spec: the run has it")
         spec, run, options = _resume(resume, runs_dir)
+        if (problem := temperature_problem(options)) is not None:  # a run made before the check
+            raise UsageError(problem)
         if steps is not None:
             options.steps = steps
         if trackers is not None:
@@ -226,6 +231,8 @@ def train_command(
                                stop_on_collapse=stop_on_collapse is not False)
         if loss_agg not in ("rollout", "token-mean", "seq-mean-token-mean"):
             raise UsageError(f"--loss-agg {loss_agg!r}: use rollout, token-mean or seq-mean-token-mean")
+        if (problem := temperature_problem(options)) is not None:
+            raise UsageError(problem)
         spec, run = _new_run(config, options, runs_dir)
     # One process at a time trains this run (a second one is refused with this one's pid); SIGTERM acts as Ctrl-C.
     with run.hold(), TermAsInterrupt() as stop:

@@ -228,6 +228,8 @@ def k8s_command(
     heldout_limit: Annotated[Optional[int], typer.Option(help="Trainer: held-out tasks evaluated before and after.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     heldout_split: Annotated[Optional[str], typer.Option(help="Trainer: the split judged on.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     train_split: Annotated[Optional[str], typer.Option(help="Trainer: the split trained on.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    max_prompt_length: Annotated[Optional[int], typer.Option(help="Trainer: longest prompt in tokens the policy servers take (default: the trained upstream's max_prompt_length, else 4096).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    max_response_length: Annotated[Optional[int], typer.Option(help="Trainer: most tokens in one answer (default: the trained upstream's max_response_length, else 2048); with the prompt's, within the model's max_position_embeddings.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     json_output: JsonOpt = False,
@@ -260,7 +262,8 @@ def k8s_command(
         trainer_args=TrainerArgs(steps=steps, tasks_per_step=tasks_per_step, group_size=group_size, lr=lr,
                                  temperature=temperature, lora=lora, lora_rank=lora_rank, loss_agg=loss_agg,
                                  kl_coef=kl_coef, loop=loop, heldout_limit=heldout_limit, heldout_split=heldout_split,
-                                 train_split=train_split),
+                                 train_split=train_split, max_prompt_length=max_prompt_length,
+                                 max_response_length=max_response_length),
         include=list(include or []),
         checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class,
         kuberay_namespace=kuberay_namespace, store_storage_class=store_storage_class, trainer_cpu=trainer_cpu,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -61,6 +62,23 @@ class TrainOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def temperature_problem(options: TrainOptions) -> str | None:
+    """Why the torch backend's loss cannot model tokens sampled at `options.temperature`, if it cannot. The engine
+    records raw (temperature 1) logprobs; at another temperature the trainer recomputes the old logprobs at that
+    temperature with the weights that sampled the batch, which only the sync loop still holds."""
+    temperature = options.temperature
+    if not (math.isfinite(temperature) and temperature > 0):
+        return (f"--temperature {temperature:g}: training samples from the policy, which needs a temperature above "
+                "0 (0 is greedy: every rollout of a group alike, nothing to learn from); use --temperature 1 (the "
+                "default) or a value such as 0.7")
+    if temperature != 1.0 and options.loop == "collocated-async":
+        return (f"--temperature {temperature:g} with --loop collocated-async: the engine records raw (temperature 1) "
+                "logprobs, and a stale rollout's tokens were sampled by weights the trainer no longer holds, so "
+                f"neither the record nor a recompute describes tokens sampled at {temperature:g}; use --temperature 1 "
+                "(the default) with collocated-async, or --loop sync")
+    return None
 
 
 def trained_upstream(spec: ExperimentSpec) -> str:
@@ -116,6 +134,15 @@ def loop_config(spec: ExperimentSpec, options: TrainOptions, *, iterations: int,
 
     return LoopConfig(iterations=iterations, checkpoint_dir=checkpoints, keep_checkpoints=options.keep_checkpoints,
                       pass_threshold=spec.pass_threshold, collapse=CollapseRule(enabled=options.stop_on_collapse))
+
+
+def overridden_message(fields: dict[str, int]) -> str:
+    """The warning that the agent asked for sampling the loss cannot model, and what training did instead."""
+    listed = ", ".join(f"{name} ({calls} calls)" for name, calls in fields.items())
+    return (f"warning: the agent sent sampling settings that training calls do not keep: {listed}. Training samples "
+            "from the policy's whole distribution at --temperature (top_p 1, no top_k, min_p, penalties, logit bias "
+            "or constrained output), the distribution its loss models; `agl eval` and the held-out split send the "
+            "agent's requests as they are")
 
 
 def run_plan(runner: EvalRunner, plan: list[PlannedRollout]) -> None:
@@ -175,6 +202,7 @@ class TrainingRun:
             lr=self.options.lr,
             loss=LossConfig(loss_agg=self.options.loss_agg, kl_coef=self.options.kl_coef),  # type: ignore[arg-type]
             lora=LoraSettings() if self.options.lora else None,
+            logit_temperature=self.options.temperature,  # the loss models the distribution the tokens came from
         )
         resume_from = latest_checkpoint(checkpoints)
         if resume_from is not None:
@@ -216,6 +244,7 @@ class TrainingRun:
             finally:
                 self._stop_backend()
         curve = read_curve(store)
+        overridden = store.sampling_overridden()
         store.close()
         final = latest_checkpoint(checkpoints)
         exported = self._export(final) if final is not None else {}
@@ -224,7 +253,8 @@ class TrainingRun:
         return {"curve": [c.to_json() for c in curve], "trained_model": exported.get("model"),
                 "trained_adapter": exported.get("adapter"), "after_variant": after.name,
                 "stopped_early": {"after_iteration": len(curve), "of": self.options.steps, "reason": stopped}
-                if stopped and len(curve) < self.options.steps else None}
+                if stopped and len(curve) < self.options.steps else None,
+                "sampling_overridden": overridden}
 
     def _train(self, stack: RunServices, store: RunStore, trainer: PolicyTrainer, engine: WeightSink,
                on_step: Callable[[Any], None], before: Variant, during: Variant, checkpoints: Path) -> Variant:
@@ -239,6 +269,7 @@ class TrainingRun:
         done = len(read_curve(store))
         sampler = self._runner(stack, store, overrides=self.sampling_overrides())
         batches = TrainingBatches(sampler, self.train_tasks, during, self.options, first_iteration=done)
+        on_step = self._warn_overridden(store, on_step)
         loop = TrainingLoop(store, trainer, batches, engine=engine, on_step=on_step,
                             config=loop_config(self.spec, self.options, iterations=max(0, self.options.steps - done),
                                                checkpoints=checkpoints))
@@ -260,8 +291,26 @@ class TrainingRun:
         return after
 
     def sampling_overrides(self) -> dict[str, Any]:
-        """What the gateway sets on every training call, whatever the agent asks: the training temperature."""
-        return {"temperature": self.options.temperature}
+        """What the gateway sets on every training call, whatever the agent asks: the training temperature, top_p 1,
+        and only the request fields that leave sampling alone (rl_backend.gateway.training_fields). The loss sees
+        the policy's whole distribution; a token drawn from a narrower or reshaped one would bias its gradient."""
+        from rl_backend.gateway.training_fields import KNOB
+
+        return {"temperature": self.options.temperature, "top_p": 1.0, KNOB: True}
+
+    def _warn_overridden(self, store: RunStore, on_step: Callable[[Any], None]) -> Callable[[Any], None]:
+        """`on_step`, and once per run (the first step whose calls had some) which of the agent's sampling
+        fields the gateway overrode on training calls."""
+        warned = False
+
+        def step(record: Any) -> None:
+            nonlocal warned
+            on_step(record)
+            if not warned and (fields := store.sampling_overridden()):
+                warned = True
+                self.log(overridden_message(fields))
+
+        return step
 
     def _runner(self, stack: RunServices, store: RunStore, overrides: dict[str, Any] | None) -> EvalRunner:
         return EvalRunner(self.spec, self.run_dir, store, stack, make_controller(self.spec, self.run_dir.run_id),

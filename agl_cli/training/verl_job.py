@@ -108,11 +108,6 @@ class VerlTrainingRun(TrainingRun):
         self.verl_config, self.settings = verl_config, settings
         self._verl: Any = None
 
-    def sampling_overrides(self) -> dict[str, Any]:
-        # verl's loss and rollout correction see the policy's raw logprobs: an agent's top_p would draw tokens from a
-        # narrower distribution than either describes, so training calls sample from all of it.
-        return {**super().sampling_overrides(), "top_p": 1.0}
-
     def _start_backend(self, stack: RunServices, checkpoints: Path) -> tuple[PolicyTrainer, WeightSink]:
         from rl_backend.trainer.loop import latest_checkpoint
         from rl_backend.trainer.verl_backend.trainer import VerlLaunchError, VerlTrainer, VerlWeightSink

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_backend.gateway import training_fields
 from rl_backend.store.records import Api
 
 # An edit of a request body for one knob value; returns what it applied (knob name -> value), {} for nothing.
@@ -263,6 +264,12 @@ def validate_knobs(knobs: Mapping[str, Any] | None) -> dict[str, Any]:
     value checked). Raises ValueError with the fix."""
     result: dict[str, Any] = {}
     for name, value in (knobs or {}).items():
+        if name == training_fields.KNOB:  # set by `agl train` on its own rollouts, not a knob of agl.yaml
+            if not isinstance(value, bool):
+                raise ValueError(f"knob {name!r} must be true or false, got {value!r}")
+            if value:
+                result[name] = True
+            continue
         models = None
         if is_scoped(value):
             models, value = check_models(name, value["models"]), value["value"]
@@ -293,9 +300,14 @@ def apply_knobs(api: Api, body: dict[str, Any], knobs: Mapping[str, Any]) -> dic
     """Write checked knobs (as `knobs_for_call` gives them) into a request body of `api`, in table order; returns
     what was applied."""
     applied: dict[str, Any] = {}
+    # A training call: the fields that could change sampling go first, so that the knobs (the training
+    # temperature) write theirs into what is left.
+    dropped = training_fields.restrict(api, body) if knobs.get(training_fields.KNOB) else None
     if knobs:
         for knob in _TABLE:
             placement = knob.placements.get(api) if knob.name in knobs else None
             if placement is not None:
                 applied.update(placement.apply(body, knobs[knob.name]))
+    if dropped is not None and (changed := training_fields.overridden(dropped, body)):
+        applied[training_fields.RECORD_KEY] = changed
     return applied

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from rl_backend.gateway import training_fields
 from rl_backend.gateway.anthropic_messages import AnthropicExchange, MessageAccumulator
 from rl_backend.gateway.anthropic_translate import (
     anthropic_usage,
@@ -39,6 +40,8 @@ class MessagesViaChatExchange(AnthropicExchange):
         if "reasoning_effort" in knobs:  # an OpenAI upstream has a place for it, unlike the Messages API
             effort = {"reasoning_effort": knobs["reasoning_effort"]}
             self.knobs_applied.update(apply_knobs(Api.openai_chat, self.chat, effort))
+        if knobs.get(training_fields.KNOB):  # the Messages fields were restricted; vLLM's own defaults are not
+            training_fields.neutral_chat(self.chat)
         self.stops = [s for s in self.request_record.get("stop_sequences") or [] if isinstance(s, str)]
         self.chat_acc = ChatAccumulator(keep_logprobs=False)
         self.msg_acc = MessageAccumulator()

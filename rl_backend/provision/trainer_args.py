@@ -35,10 +35,15 @@ class TrainerArgs:
     heldout_limit: int | None = None
     heldout_split: str | None = None
     train_split: str | None = None
+    # The policy servers' prompt and answer lengths (the trainer checks their sum against the model's own context
+    # when it loads the model; the trained upstream's agl.yaml keys apply where these are unset).
+    max_prompt_length: int | None = None
+    max_response_length: int | None = None
 
     def check(self) -> None:
         for flag, value in (("--steps", self.steps), ("--tasks-per-step", self.tasks_per_step),
-                            ("--heldout-limit", self.heldout_limit)):
+                            ("--heldout-limit", self.heldout_limit), ("--max-prompt-length", self.max_prompt_length),
+                            ("--max-response-length", self.max_response_length)):
             if value is not None and value < 1:
                 raise TrainerArgsError(f"{flag} must be at least 1, got {value}")
         if self.group_size is not None and self.group_size < 2:

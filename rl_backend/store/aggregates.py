@@ -96,3 +96,15 @@ def spend_series(conn: sqlite3.Connection) -> list[SpendPoint]:
             "COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) FROM calls ORDER BY t, seq"
         )
     ]
+
+
+def sampling_overridden(conn: sqlite3.Connection) -> dict[str, int]:
+    """Per request field, how many training calls had the agent's value of it overridden (the gateway records
+    them under knobs_applied.sampling_overridden: rl_backend.gateway.training_fields)."""
+    return {
+        str(name): int(n)
+        for name, n in conn.execute(
+            "SELECT f.key, COUNT(*) FROM calls, json_each(calls.knobs_applied, '$.sampling_overridden') AS f "
+            "WHERE calls.knobs_applied LIKE '%sampling_overridden%' GROUP BY f.key ORDER BY f.key"
+        )
+    }

@@ -360,6 +360,11 @@ class RunStore:
         with self._reading() as conn:
             return aggregates.spend_series(conn)
 
+    def sampling_overridden(self) -> dict[str, int]:
+        """Per request field, the training calls on which the gateway overrode the agent's value of it."""
+        with self._reading() as conn:
+            return aggregates.sampling_overridden(conn)
+
     def count_calls(self) -> int:
         with self._reading() as conn:
             return int(conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0])

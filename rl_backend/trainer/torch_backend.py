@@ -52,7 +52,9 @@ class TrainerConfig:
     device: str = "cpu"  # never left to verl's default device, which is "cuda"
     dtype: str = "float32"
     gradient_checkpointing: bool = False
-    logit_temperature: float = 1.0  # the engine records raw (temperature 1) logprobs, so 1 matches them
+    # The temperature the rollouts were sampled at: the loss models that distribution. The engine records raw
+    # (temperature 1) logprobs, so at any other temperature the old logprobs are recomputed (see _prepare).
+    logit_temperature: float = 1.0
     seed: int = 0  # LoRA adapter initialisation
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,8 +165,14 @@ class TorchTrainer:
     def _prepare(self, micro: list[dict[str, torch.Tensor]]) -> None:
         """Fill old logprobs the calls did not record, and the reference's logprobs, before any weight changes."""
         need_ref = self.config.loss.kl_coef > 0
+        # Tokens sampled at temperature T came from softmax(logits / T); the recorded logprobs are of softmax(logits).
+        # The weights that sampled them are these (the sync loop updates the engine after each step), so the
+        # sampling distribution's logprobs are recomputed here rather than taken from the record.
+        tempered = self.config.logit_temperature != 1.0
         with torch.no_grad():
             for t in micro:
+                if tempered:
+                    t["recompute"] = t["loss_mask"] > 0
                 if bool(t["recompute"].any()):
                     logp, _ = self._logprobs(self.model, t, entropy=False)
                     t["old_logprobs"] = torch.where(t["recompute"], logp, t["old_logprobs"])
