@@ -72,19 +72,25 @@ def test_the_users_training_flags_reach_the_trainer(gpus: list[str]) -> None:
     # The policy servers' context: a multi-turn agent on the cluster is not held to the 4096 + 2048 defaults.
     assert _command(_plan(*gpus, "--max-prompt-length", "6144", "--max-response-length", "1024")["manifests"])[6:] == \
         ["--max-prompt-length", "6144", "--max-response-length", "1024"]
+    # An agent with tools on a model whose family agl does not know, and vLLM in float32.
+    assert _command(_plan(*gpus, "--tool-call-parser", "llama3_json", "--rollout-dtype", "float32")["manifests"])[6:] \
+        == ["--tool-call-parser", "llama3_json", "--rollout-dtype", "float32"]
 
 
 def test_the_rendered_trainer_command_is_one_the_verl_trainer_takes() -> None:
     """The flags rendered into the trainer's command, given to the real `agl train --backend verl` (dry run)."""
     command = _command(_plan("--steps", "3", "--lora", "--lora-rank", "32", "--group-size", "8", "--loss-agg",
                              "token-mean", "--kl-coef", "0.01", "--heldout-limit", "10", "--max-prompt-length", "1000",
-                             "--max-response-length", "500")["manifests"])
+                             "--max-response-length", "500", "--tool-call-parser", "llama3_json", "--rollout-dtype",
+                             "float32", "--temperature", "1")["manifests"])
     args = [str(CALC) if a == "/etc/agl/project/agl.yaml" else a for a in command[2:]]
     result = CliRunner().invoke(app, ["train", *args, "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     settings = json.loads(result.stdout)["settings"]
     assert (settings["steps"], settings["lora_rank"], settings["kl_coef"]) == (3, 32, 0.01)
     assert (settings["max_prompt_length"], settings["max_response_length"]) == (1000, 500)
+    assert (settings["tool_call_parser"], settings["rollout_dtype"], settings["temperature"]) == \
+        ("llama3_json", "float32", 1.0)
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -98,6 +104,10 @@ def test_the_rendered_trainer_command_is_one_the_verl_trainer_takes() -> None:
     (["--lr", "-1"], "--lr must be a non-negative number"),
     (["--max-prompt-length", "0"], "--max-prompt-length must be at least 1"),
     (["--max-response-length", "-5"], "--max-response-length must be at least 1"),
+    # The verl trainer would refuse these minutes later, on a GPU.
+    (["--temperature", "0.7"], "--temperature 0.7: the cluster's verl trainer records the policy's raw"),
+    (["--rollout-dtype", "fp8"], "--rollout-dtype 'fp8': use bfloat16, float16, float32"),
+    (["--tool-call-parser", " "], "--tool-call-parser must name a parser"),
 ])
 def test_training_flags_are_checked_before_anything_is_rendered(flags: list[str], message: str) -> None:
     result = CliRunner().invoke(_app(), [str(CALC), "--on", "kubernetes", "--dry-run", *flags])

@@ -219,7 +219,7 @@ def k8s_command(
     tasks_per_step: Annotated[Optional[int], typer.Option(help="Trainer: training tasks per update.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     group_size: Annotated[Optional[int], typer.Option(help="Trainer: rollouts per task per update (the GRPO group).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     lr: Annotated[Optional[float], typer.Option(help="Trainer: learning rate.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
-    temperature: Annotated[Optional[float], typer.Option(help="Trainer: sampling temperature of training rollouts.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    temperature: Annotated[Optional[float], typer.Option(help="Trainer: sampling temperature of training rollouts; the cluster's verl trainer takes only 1 (it records and recomputes logprobs at temperature 1).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     lora: Annotated[Optional[bool], typer.Option("--lora/--no-lora", help="Trainer: a LoRA adapter, or all weights.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     lora_rank: Annotated[Optional[int], typer.Option(help="Trainer: LoRA rank (any; merged into the weights vLLM serves).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     loss_agg: Annotated[Optional[str], typer.Option(help="Trainer: rollout, token-mean or seq-mean-token-mean.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
@@ -230,6 +230,8 @@ def k8s_command(
     train_split: Annotated[Optional[str], typer.Option(help="Trainer: the split trained on.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     max_prompt_length: Annotated[Optional[int], typer.Option(help="Trainer: longest prompt in tokens the policy servers take (default: the trained upstream's max_prompt_length, else 4096).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     max_response_length: Annotated[Optional[int], typer.Option(help="Trainer: most tokens in one answer (default: the trained upstream's max_response_length, else 2048); with the prompt's, within the model's max_position_embeddings.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    tool_call_parser: Annotated[Optional[str], typer.Option(help="Trainer: vLLM's tool-call parser for agents that send `tools` (hermes, llama3_json, mistral, ...; none: no tool calls). Default: the upstream's `tool_call_parser`, else the model family's.", rich_help_panel="Training")] = None,  # noqa: UP045,E501
+    rollout_dtype: Annotated[Optional[str], typer.Option(help="Trainer: what vLLM computes in: bfloat16, float16 or float32 (default: bfloat16 on GPUs).", rich_help_panel="Training")] = None,  # noqa: UP045,E501
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     json_output: JsonOpt = False,
@@ -263,7 +265,8 @@ def k8s_command(
                                  temperature=temperature, lora=lora, lora_rank=lora_rank, loss_agg=loss_agg,
                                  kl_coef=kl_coef, loop=loop, heldout_limit=heldout_limit, heldout_split=heldout_split,
                                  train_split=train_split, max_prompt_length=max_prompt_length,
-                                 max_response_length=max_response_length),
+                                 max_response_length=max_response_length, tool_call_parser=tool_call_parser,
+                                 rollout_dtype=rollout_dtype),
         include=list(include or []),
         checkpoint_size=checkpoint_size, store_size=store_size, storage_class=storage_class,
         kuberay_namespace=kuberay_namespace, store_storage_class=store_storage_class, trainer_cpu=trainer_cpu,

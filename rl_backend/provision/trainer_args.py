@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 LOOPS = ("sync",)  # the verl trainer collects a batch, updates, syncs the weights (collocated-async is the torch one's)
 LOSS_AGGS = ("rollout", "token-mean", "seq-mean-token-mean")
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 class TrainerArgsError(ValueError):
@@ -39,6 +40,9 @@ class TrainerArgs:
     # when it loads the model; the trained upstream's agl.yaml keys apply where these are unset).
     max_prompt_length: int | None = None
     max_response_length: int | None = None
+    # vLLM's tool-call parser for agents that send `tools`, and the dtype vLLM computes in.
+    tool_call_parser: str | None = None
+    rollout_dtype: str | None = None
 
     def check(self) -> None:
         for flag, value in (("--steps", self.steps), ("--tasks-per-step", self.tasks_per_step),
@@ -52,6 +56,17 @@ class TrainerArgs:
         for flag, number in (("--lr", self.lr), ("--temperature", self.temperature), ("--kl-coef", self.kl_coef)):
             if number is not None and not (math.isfinite(number) and number >= 0):
                 raise TrainerArgsError(f"{flag} must be a non-negative number, got {number}")
+        if self.temperature is not None and self.temperature != 1.0:
+            # The cluster trainer is verl's, which refuses this at start-up, on a GPU, minutes from now.
+            raise TrainerArgsError(f"--temperature {self.temperature:g}: the cluster's verl trainer records the "
+                                   "policy's raw (temperature 1) logprobs and recomputes them at temperature 1, so its "
+                                   "loss cannot account for tokens sampled at another temperature; use --temperature 1 "
+                                   "(the default)")
+        if self.rollout_dtype is not None and self.rollout_dtype not in ROLLOUT_DTYPES:
+            raise TrainerArgsError(f"--rollout-dtype {self.rollout_dtype!r}: use {', '.join(ROLLOUT_DTYPES)}")
+        if self.tool_call_parser is not None and not self.tool_call_parser.strip():
+            raise TrainerArgsError("--tool-call-parser must name a parser (hermes, llama3_json, mistral, ...; none: "
+                                   "no tool calls)")
         if self.lr is not None and self.lr == 0:
             raise TrainerArgsError("--lr must be above 0")
         if self.lora_rank is not None:
