@@ -43,7 +43,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         spec = tiny_project(folder) if args.model == "tiny" else REPO / "examples" / "calc" / "agl.yaml"
-        extra = ["--temperature", "0.4", "--lr", "2e-5"] if args.model == "smollm2" else ["--lr", "1e-3"]
+        extra = ["--lr", "2e-5"] if args.model == "smollm2" else ["--lr", "1e-3"]
         command = [sys.executable, "-m", "agl_cli", "train", str(spec), "--backend", "verl", "--device", "cpu",
                    "--steps", str(steps), "--tasks-per-step", "2", "--group-size", "2", "--heldout-limit", "4",
                    *extra]
