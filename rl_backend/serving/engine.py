@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from .detok import TextTracker
+from .handoff import LoopPost
 from .linear import Precision
 from .llama_runner import LlamaRunner
 from .model_store import DEFAULT_MODEL, LoadedModel, chat_prompt_ids, load_model
@@ -79,6 +82,11 @@ class Engine:
         self._rows: list[RequestState] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # One hand-over per event loop that streams from this engine (see handoff.py); loops come and go.
+        self._posts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPost] = weakref.WeakKeyDictionary()
+        # A step's deltas, sent together once every row has its token (so one loop wake-up carries them all).
+        self._outbox: list[tuple[Sink, Delta]] = []
+        self._holding: set[LoopPost] | None = None  # while sending a step's deltas: the loops to wake after
         self.counters = {"requests": 0, "tokens": 0, "steps": 0, "row_steps": 0}
 
     @classmethod
@@ -200,10 +208,18 @@ class Engine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         holder: list[RequestState] = []
+        with self._cv:
+            post = self._posts.get(loop)
+            if post is None:
+                post = self._posts[loop] = LoopPost(loop)
 
-        def sink(item: Delta | BaseException) -> None:
+        def sink(item: Delta | BaseException) -> None:  # called on the engine thread only
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+                if self._holding is None:
+                    post.post(queue.put_nowait, item)
+                else:
+                    post.put(queue.put_nowait, item)
+                    self._holding.add(post)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 holder[0].cancelled = True
 
@@ -367,12 +383,15 @@ class Engine:
                 req.sink(exc)
             return
         done = []
-        for req, seq, choice in zip(admit, seqs, choices, strict=True):
-            req.seq = seq
-            if self._accept(req, choice):
-                done.append(seq)
-            else:
-                self._rows.append(req)
+        try:
+            for req, seq, choice in zip(admit, seqs, choices, strict=True):
+                req.seq = seq
+                if self._accept(req, choice):
+                    done.append(seq)
+                else:
+                    self._rows.append(req)
+        finally:
+            self._send()
         if done:
             self._runner.release(done)
 
@@ -387,7 +406,10 @@ class Engine:
         choices = choose(logits, [r.params for r in rows], [r.generator for r in rows])
         self.counters["steps"] += 1
         self.counters["row_steps"] += len(rows)
-        finished = [r.cancelled or self._accept(r, c) for r, c in zip(rows, choices, strict=True)]
+        try:
+            finished = [r.cancelled or self._accept(r, c) for r, c in zip(rows, choices, strict=True)]
+        finally:
+            self._send()
         if any(finished):
             self._runner.release([r.seq for r, f in zip(rows, finished, strict=True) if f])
             self._rows = [r for r, f in zip(rows, finished, strict=True) if not f]
@@ -406,8 +428,21 @@ class Engine:
             finish = "length"
         if finish is not None:
             text += req.tracker.finish()
-        req.sink(Delta([choice.token_id], [choice], text, finish, req.version))
+        self._outbox.append((req.sink, Delta([choice.token_id], [choice], text, finish, req.version)))
         return finish is not None
+
+    def _send(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        self._holding = set()
+        try:
+            for sink, delta in outbox:
+                sink(delta)
+        finally:
+            held, self._holding = self._holding, None
+            for post in held:
+                # A loop that closed meanwhile raises; its streams are cancelled as they next send.
+                with contextlib.suppress(RuntimeError):
+                    post.wake()
 
     def _fail_rows(self, exc: BaseException) -> None:
         rows, self._rows = self._rows, []
