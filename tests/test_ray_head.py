@@ -72,7 +72,11 @@ def test_the_jobs_ray_head_listens_only_where_it_was_told_and_requires_its_token
     temp = f"/tmp/agl-rh-{secrets.token_hex(4)}"  # short: Ray's unix sockets live under it
     ray_bin = str(Path(sys.executable).parent / "ray")
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)  # start_head sets them in this process; put back afterwards
+        # start_head sets them in this process. setenv first: monkeypatch records only a variable it changed, and
+        # an absent one it merely "deleted" would stay set after the test, so every later ray.init in this pytest
+        # process would start a Ray that demands a token its driver does not send.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in metric_ports.items():
         monkeypatch.setenv(name, value)
     try:
