@@ -41,7 +41,8 @@ from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an au
 pytestmark = pytest.mark.timeout(60)
 
 EXPECTED = [
-    ("ConfigMap", "agl-calc-config"), ("ServiceAccount", "agl-calc-controller"), ("Role", "agl-calc-controller"),
+    ("ConfigMap", "agl-calc-config"), ("ConfigMap", "agl-calc-metrics"), ("ServiceAccount", "agl-calc-controller"),
+    ("Role", "agl-calc-controller"),
     ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("Secret", "agl-calc-policy-key"),
     ("NetworkPolicy", "agl-calc-gateway-ingress"), ("NetworkPolicy", "agl-calc-policy-ingress"),
     ("NetworkPolicy", "agl-calc-rollout-egress"), ("PersistentVolumeClaim", "agl-calc-gateway-store"),
@@ -97,7 +98,7 @@ def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readines
         assert labels["app.kubernetes.io/managed-by"] == "agl" and labels[LABEL_TRAIN] == "calc"
         assert labels["app.kubernetes.io/name"] == "agl" and labels["app.kubernetes.io/instance"] == "agl-calc"
         # One owner: deleting the ConfigMap garbage-collects the rest; the volumes outlive it on purpose.
-        if key[0] in ("ConfigMap", "PersistentVolumeClaim"):
+        if key == ("ConfigMap", NAMES.config) or key[0] == "PersistentVolumeClaim":
             assert "ownerReferences" not in meta, key
         else:
             assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "ConfigMap", "name": NAMES.config,
