@@ -24,6 +24,7 @@ from rl_backend.provision.metric_rows import (
     parse_rows,
     writer_from_env,
 )
+from rl_backend.provision.options import ProvisionError
 from rl_backend.provision.resources import Resources
 from rl_backend.provision.session import dry_run
 from rl_backend.provision.status import train_status
@@ -285,3 +286,33 @@ def test_a_train_planned_by_an_older_agl_is_followed_from_its_log(tmp_path: Path
     result, status = asyncio.run(scenario())
     assert [json.loads(line)["step"] for line in out_text.getvalue().splitlines()] == [1, 2]
     assert result.last_metrics == status["last_metrics"] == {"step": 2, "reward": 0.5}
+
+
+def test_the_configmap_deleted_mid_train_does_not_print_the_logs_rows_again(tmp_path: Path) -> None:
+    """`agl train stop` from elsewhere deletes the rows' ConfigMap: agl does not fall back to the log (its rows
+    were printed already) and says the trainer is gone."""
+    target = load_target(write_project(tmp_path))
+    err, out, _, out_text = consoles()
+
+    async def scenario() -> ProvisionError:
+        async with cluster() as (server, api, logs):
+            task = run_provision(api, target, options(follow=True, json_output=True), err, out)
+            await wait_for(server, "Job", NAMES.trainer)
+            await gateway_up(server)
+            pod = await trainer_pod(server)
+            logs.logs[pod] = bytearray(b'{"step": 1}\n{"step": 2}\n')
+            writer = RowWriter(api, NS, NAMES.metrics)
+            for step in (1, 2):
+                await asyncio.to_thread(writer.append, {"step": step})
+            await _until(out_text, 2)
+            res = Resources(api, NS)
+            await asyncio.to_thread(res.delete, "ConfigMap", NAMES.metrics)
+            await asyncio.sleep(0.6)  # polls without the ConfigMap
+            await asyncio.to_thread(res.delete, "Job", NAMES.trainer)
+            with pytest.raises(ProvisionError) as caught:
+                await asyncio.wait_for(task, 30)
+            return caught.value
+
+    error = asyncio.run(scenario())
+    assert [json.loads(line)["step"] for line in out_text.getvalue().splitlines()] == [1, 2]
+    assert f"Job {NAMES.trainer} was deleted" in error.message

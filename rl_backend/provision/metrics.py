@@ -134,7 +134,7 @@ def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPri
             stored = res.read("ConfigMap", names.metrics)
             if stored is not None:
                 from_store.read(stored)
-            else:
+            elif not from_store.seen:  # (once seen, a ConfigMap gone means `stop`: the log would repeat rows)
                 from_log.read()
             if finished is None and stored is None:
                 finished = trainer_finished(res.read(kind, names.trainer) or {"kind": kind})
@@ -156,8 +156,10 @@ class StoredRows:
     note: Callable[[str], None]
     printed_up_to: int | None = None
     said_dropped: bool = False
+    seen: bool = False
 
     def read(self, config_map: dict[str, Any]) -> None:
+        self.seen = True
         rows, dropped = parse_rows(config_map)
         new = [r for r in rows if self.printed_up_to is None or r["step"] > self.printed_up_to]
         gap = bool(new) and (self.printed_up_to is None or new[0]["step"] > self.printed_up_to + 1)
