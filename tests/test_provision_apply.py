@@ -12,6 +12,7 @@ from typing import Any
 import kmock
 import pytest
 
+from rl_backend.provision.metric_rows import RowWriter, parse_rows
 from rl_backend.provision.options import ANNOTATION_PROVISION, LABEL_TRAIN, ClusterOptions, ProvisionError
 from rl_backend.provision.session import stop
 from rl_backend.rollout.k8s_manifest import validate_schema
@@ -41,7 +42,8 @@ from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an au
 pytestmark = pytest.mark.timeout(60)
 
 EXPECTED = [
-    ("ConfigMap", "agl-calc-config"), ("ServiceAccount", "agl-calc-controller"), ("Role", "agl-calc-controller"),
+    ("ConfigMap", "agl-calc-config"), ("ConfigMap", "agl-calc-metrics"), ("ServiceAccount", "agl-calc-controller"),
+    ("Role", "agl-calc-controller"),
     ("RoleBinding", "agl-calc-controller"), ("Secret", "agl-calc-gateway-admin"), ("Secret", "agl-calc-policy-key"),
     ("NetworkPolicy", "agl-calc-gateway-ingress"), ("NetworkPolicy", "agl-calc-policy-ingress"),
     ("NetworkPolicy", "agl-calc-rollout-egress"), ("PersistentVolumeClaim", "agl-calc-gateway-store"),
@@ -97,7 +99,7 @@ def test_the_provision_creates_every_object_with_its_spec_and_waits_for_readines
         assert labels["app.kubernetes.io/managed-by"] == "agl" and labels[LABEL_TRAIN] == "calc"
         assert labels["app.kubernetes.io/name"] == "agl" and labels["app.kubernetes.io/instance"] == "agl-calc"
         # One owner: deleting the ConfigMap garbage-collects the rest; the volumes outlive it on purpose.
-        if key[0] in ("ConfigMap", "PersistentVolumeClaim"):
+        if key == ("ConfigMap", NAMES.config) or key[0] == "PersistentVolumeClaim":
             assert "ownerReferences" not in meta, key
         else:
             assert meta["ownerReferences"] == [{"apiVersion": "v1", "kind": "ConfigMap", "name": NAMES.config,
@@ -155,12 +157,17 @@ def test_a_rerun_is_idempotent_and_keeps_the_token_and_the_running_trainer(tmp_p
     async def scenario() -> tuple[Any, Any, set[str], set[str], dict[str, Any]]:
         async with cluster() as (server, api, _):
             one = await _provisioned(server, api, target, err, out)
+            await asyncio.to_thread(RowWriter(api, NS, NAMES.metrics).append, {"step": 1, "reward": 0.5})
             before = stored_names(server)
             again = await asyncio.wait_for(run_provision(api, target, options(), err, out), 30)
+            rows.append(await get(server, "ConfigMap", NAMES.metrics))
             return one, again, before, stored_names(server), await get(server, "Secret", NAMES.admin_secret)
 
+    rows: list[dict[str, Any]] = []
     one, again, before, after, secret = asyncio.run(scenario())
     assert before == after
+    # The trainer's step rows outlive the re-run's patch of their ConfigMap (the plan renders it without data).
+    assert parse_rows(rows[0]) == ([{"step": 1, "reward": 0.5}], 0)
     actions = {(s.kind, s.name): s.action for s in again.steps}
     assert actions[("Secret", NAMES.admin_secret)] == "kept" and secret["stringData"] == {"token": ADMIN_TOKEN}
     assert actions[("PersistentVolumeClaim", NAMES.checkpoints)] == "kept"

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
+from rl_backend.provision.metric_rows import RowWriter
 from tests.test_provision_render import _app
 from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture
     ADMIN_TOKEN,
@@ -55,6 +56,7 @@ def test_provision_status_and_stop_from_the_command_line(tmp_path: Path) -> None
             await gateway_up(server)
             pod = await trainer_pod(server)
             logs.logs[pod] = bytearray(b'{"step": 3, "reward": 0.5}\n')
+            await asyncio.to_thread(RowWriter(api, "default", NAMES.metrics).append, {"step": 3, "reward": 0.5})
             provisioned = await asyncio.wait_for(up, 30)
             # status by the train's name, then by its agl.yaml; stop by name.
             status = await asyncio.to_thread(agl_train, "status", "calc", "--json", "--kubeconfig", kubeconfig)
@@ -65,14 +67,14 @@ def test_provision_status_and_stop_from_the_command_line(tmp_path: Path) -> None
     provisioned, status, by_config, stopped, remaining = asyncio.run(scenario())
     assert provisioned.exit_code == 0, provisioned.output
     summary: dict[str, Any] = json.loads(provisioned.stdout)
-    assert summary["outcome"] == "ready" and summary["trainer"]["kind"] == "Job" and len(summary["objects"]) == 16
+    assert summary["outcome"] == "ready" and summary["trainer"]["kind"] == "Job" and len(summary["objects"]) == 17
     assert ADMIN_TOKEN not in provisioned.output  # (the CLI generates its own token; none is ever printed)
     assert "token" not in provisioned.stdout.lower()
     document = json.loads(status.stdout)
     assert document["phase"] == "running" and document["last_metrics"] == {"step": 3, "reward": 0.5}
     assert by_config.exit_code == 0 and "train calc (namespace default): running" in by_config.stdout
     deleted = json.loads(stopped.stdout)["deleted"]
-    assert len(deleted) == 16 and deleted[0] == "Job/agl-calc-trainer"
+    assert len(deleted) == 17 and deleted[0] == "Job/agl-calc-trainer"
     assert {n for n in remaining if not n.startswith(("Pod/", "EndpointSlice/"))} == {"Secret/agl-upstream-keys"}
 
 

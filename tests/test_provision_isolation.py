@@ -28,7 +28,7 @@ def _of(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def cluster_spec(manifests: list[dict[str, Any]]) -> KubernetesSpec:
     """The `kubernetes:` section of the cluster's copy of agl.yaml, as the trainer's rollout controller reads it."""
-    (config,) = _of(manifests, "ConfigMap")
+    (config,) = [c for c in _of(manifests, "ConfigMap") if c["metadata"]["name"] == NAMES.config]
     text = next(v for k, v in config["data"].items() if k.endswith("agl.yaml"))
     return KubernetesSpec.model_validate(yaml.safe_load(text)["kubernetes"])
 

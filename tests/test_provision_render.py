@@ -71,7 +71,7 @@ def test_dry_run_prints_every_manifest_and_each_validates(tmp_path: Path, monkey
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     kinds = [d["kind"] for d in docs]
     rayjob = extra != []
-    assert kinds == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "Secret", "NetworkPolicy",
+    assert kinds == ["ConfigMap", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Secret", "Secret", "NetworkPolicy",
                      "NetworkPolicy", *(["NetworkPolicy"] if rayjob else []), "NetworkPolicy", "PersistentVolumeClaim",
                      "PersistentVolumeClaim", "Service", "PodDisruptionBudget", "PodDisruptionBudget", "Deployment",
                      "RayJob" if rayjob else "Job"]
@@ -89,7 +89,7 @@ def test_dry_run_json_holds_the_manifests(tmp_path: Path) -> None:
     result = CliRunner().invoke(_app(), [str(write_project(tmp_path)), "--on=kubernetes", "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 16
+    assert document["outcome"] == "dry-run" and len(document["manifests"]) == 17
     assert document["trainer"]["kind"] == "Job"
 
 
@@ -99,17 +99,24 @@ def test_the_role_is_namespaced_and_grants_only_what_the_controller_uses(tmp_pat
     assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
     (role,) = kinds["Role"]
     assert role["metadata"]["namespace"] == "team-a"
-    rules = {(tuple(r["apiGroups"]), resource, tuple(r["verbs"])) for r in role["rules"] for resource in r["resources"]}
+    rules = {(tuple(r["apiGroups"]), resource, tuple(r["verbs"]), tuple(r.get("resourceNames") or ()))
+             for r in role["rules"] for resource in r["resources"]}
     # Exactly the calls rl_backend/rollout/kubernetes.py makes: Jobs (create, read, list+watch, delete one or the
     # run's all), the run's pods listed (exit codes, pods that cannot start), a pod's log. No jobs/status, no pods
-    # get/watch, no pods/status.
+    # get/watch, no pods/status. And what rl_backend/provision/metric_rows.py does: get and patch the one ConfigMap
+    # of the step rows, by name (no list, no create, no other ConfigMap: not the project's, not another train's).
     assert rules == {
-        (("batch",), "jobs", ("create", "get", "list", "watch", "delete", "deletecollection")),
-        (("",), "pods", ("list",)),
-        (("",), "pods/log", ("get",)),
+        (("batch",), "jobs", ("create", "get", "list", "watch", "delete", "deletecollection"), ()),
+        (("",), "pods", ("list",), ()),
+        (("",), "pods/log", ("get",), ()),
+        (("",), "configmaps", ("get", "patch"), (NAMES.metrics,)),
     }
     assert all("*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"] for r in role["rules"])
-    assert not any("resourceNames" in r or "nonResourceURLs" in r for r in role["rules"])
+    assert not any("nonResourceURLs" in r for r in role["rules"])
+    assert [r["resourceNames"] for r in role["rules"] if "resourceNames" in r] == [[NAMES.metrics]]
+    # The ConfigMap it names is this train's, created by the plan (empty: a re-run's patch keeps the rows).
+    metrics = next(c for c in kinds["ConfigMap"] if c["metadata"]["name"] == NAMES.metrics)
+    assert metrics["metadata"]["labels"]["agl.dev/train"] == NAMES.train and "data" not in metrics
     (binding,) = kinds["RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAMES.controller, "namespace": "team-a"}]

@@ -11,6 +11,7 @@ from typing import Any
 import kmock
 import pytest
 
+from rl_backend.provision.metric_rows import RowWriter
 from rl_backend.provision.options import ProvisionError
 from rl_backend.provision.status import train_status
 from tests.test_provision_support import (  # noqa: F401 - fast_schemas is an autouse fixture
@@ -136,7 +137,8 @@ def test_a_missing_key_secret_is_reported_before_anything_is_created(tmp_path: P
 
 
 @pytest.mark.parametrize("json_output", [False, True])
-def test_step_metrics_are_followed_until_the_trainer_ends(tmp_path: Path, json_output: bool) -> None:
+def test_step_metrics_of_an_older_plan_are_followed_from_the_log_until_the_trainer_ends(tmp_path: Path,
+                                                                                        json_output: bool) -> None:
     target = load_target(write_project(tmp_path))
     err, out, _, out_text = consoles()
 
@@ -146,6 +148,7 @@ def test_step_metrics_are_followed_until_the_trainer_ends(tmp_path: Path, json_o
             await wait_for(server, "Job", NAMES.trainer)
             await gateway_up(server)
             pod = await trainer_pod(server)
+            await _older_plan(api)
             logs.logs[pod] = bytearray(
                 b'starting verl\n{"step": 1, "reward": 0.25, "loss": 1.5}\nnot json {"step": \n'
                 b'{"event": "no step here"}\n')
@@ -213,7 +216,10 @@ def test_status_of_a_running_train(tmp_path: Path) -> None:
             await wait_for(server, "Job", NAMES.trainer)
             await gateway_up(server)
             pod = await trainer_pod(server)
-            logs.logs[pod] = bytearray(b'{"step": 7, "reward": 0.75}\n')
+            logs.logs[pod] = bytearray(b'{"step": 6, "reward": 0.5}\n{"step": 7, "reward": 0.75}\n')
+            writer = RowWriter(api, NS, NAMES.metrics)  # what the trainer writes besides its log
+            for row in ({"step": 6, "reward": 0.5}, {"step": 7, "reward": 0.75}):
+                assert await asyncio.to_thread(writer.append, row)
             await asyncio.wait_for(task, 30)
             return await asyncio.to_thread(train_status, _resources(api), NAMES)
 
@@ -222,7 +228,12 @@ def test_status_of_a_running_train(tmp_path: Path) -> None:
     assert [c["state"] for c in status["checks"]] == ["ready", "ready", "ready"]
     assert status["trainer"] == {"kind": "Job", "name": NAMES.trainer, "nodes": 1, "gpus_per_node": 1}
     assert status["last_metrics"] == {"step": 7, "reward": 0.75}
-    assert len(status["objects"]) == 16
+    assert len(status["objects"]) == 17
+
+
+async def _older_plan(api: Any) -> None:
+    """A train whose plan an older agl rendered: no metrics ConfigMap, so its rows are read from the log."""
+    assert await asyncio.to_thread(_resources(api).delete, "ConfigMap", NAMES.metrics)
 
 
 def _resources(api: Any) -> Any:
@@ -246,9 +257,10 @@ def test_no_permission_to_read_pods_fails_at_once_and_rolls_back(tmp_path: Path)
 
 
 def test_step_rows_written_after_the_kubelet_rotated_the_log_are_printed(tmp_path: Path) -> None:
-    """The kubelet rotates a container's log at 10 MiB and then serves only the new file: far fewer lines than agl
-    had read before. Rows after the rotation are printed (once each), none read before is printed again, and
-    rows rotated away before agl read them are said to be missing (stderr), with where they are."""
+    """(A train planned by an older agl, without the metrics ConfigMap.) The kubelet rotates a container's log at
+    10 MiB and then serves only the new file: far fewer lines than agl had read before. Rows after the rotation are
+    printed (once each), none read before is printed again, and rows rotated away before agl read them are said to
+    be missing (stderr), with where they are."""
     import datetime
 
     target = load_target(write_project(tmp_path))
@@ -268,6 +280,7 @@ def test_step_rows_written_after_the_kubelet_rotated_the_log_are_printed(tmp_pat
             await wait_for(server, "Job", NAMES.trainer)
             await gateway_up(server)
             pod = await trainer_pod(server)
+            await _older_plan(api)
             start = logs.EPOCH
             logs.stamps[pod] = [start, start + second, start + 2 * second, start + 3 * second]
             logs.logs[pod] = bytearray(b'starting verl\n{"step": 1, "reward": 0.25}\nverl says a lot\n'

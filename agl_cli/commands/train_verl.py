@@ -8,9 +8,10 @@ topology comes from the environment `agl train --on kubernetes` gives the traine
 AGL_GPUS_PER_NODE (and AGL_GATEWAY_URL with AGL_GATEWAY_ADMIN_TOKEN for the deployed gateway, AGL_HOME for where runs
 live).
 
-On stdout: one JSON object per training step (a line with a `step` key: what rl_backend/provision/metrics.py reads
-from the trainer's log), then one with the run's result (`result`); with --dry-run the rendered verl config.
-Progress goes to stderr.
+On stdout: one JSON object per training step (a line with a `step` key), then one with the run's result
+(`result`); with --dry-run the rendered verl config. Progress goes to stderr. In a cluster train (AGL_METRICS_CONFIGMAP
+set) each step's row also goes to the train's metrics ConfigMap, what `agl train --on kubernetes` follows
+(rl_backend/provision/metric_rows.py); a plan rendered by an older agl has none, and the log is read instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
@@ -49,6 +50,20 @@ def step_row(record: Any) -> dict[str, Any]:
 
 def step_line(record: Any) -> str:
     return json.dumps(step_row(record), default=str, separators=(",", ":"))
+
+
+def step_sink(printer: Callable[[Any], None], data: TextIO, rows: Any) -> Callable[[Any], None]:
+    """What each step does with its record: the progress line (stderr, trackers), the row on stdout (the log), and
+    the row in the train's metrics ConfigMap when `rows` (a metric_rows.RowWriter) is given. A row the API did
+    not take goes with the next step's: the writer says so, and the train goes on."""
+
+    def on_step(record: Any) -> None:
+        printer(record)
+        data.write(step_line(record) + "\n")
+        if rows is not None:
+            rows.append(step_row(record))
+
+    return on_step
 
 
 @contextlib.contextmanager
@@ -188,18 +203,21 @@ def verl_command(
                                log=console.print, verl_config=full, settings=settings)
     tracking = open_trackers([], run_dir=run.path, run_id=run.run_id, name=run.run_id, config={})
     printer = step_printer(console, tracking)
+    from rl_backend.provision.metric_rows import writer_from_env
+
+    # In a cluster train the rows also go to the train's metrics ConfigMap: a log rotates, that does not.
+    rows = writer_from_env(lambda text: console.print(text, markup=False))
     # One process at a time trains this run (a second is refused with this one's pid); stdout carries data only.
     with run.hold(), _stdout_for_data_only() as data, TermAsInterrupt() as stop:  # SIGTERM acts as Ctrl-C
-
-        def on_step(record: Any) -> None:
-            printer(record)
-            data.write(step_line(record) + "\n")
-
+        on_step = step_sink(printer, data, rows)
         try:
             outcome = training.run(on_step)
         except KeyboardInterrupt:
             console.print(f"interrupted; continue with: agl train {config} --backend verl --resume")
             raise typer.Exit(stop.exit_code) from None
+        finally:
+            if rows is not None:
+                rows.close()  # a last row the API did not take at its step: one more try
         result = finish_run(run, outcome)
         comparison = result["comparison"]
         console.print(comparison["sentence"] if comparison else "no held-out rollout finished: nothing to compare",

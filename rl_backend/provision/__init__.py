@@ -14,7 +14,8 @@ The pieces, in the order a provision runs them:
 - apply.py      create-or-patch in dependency order, roll back what this run created on failure; stop by label
 - readiness.py  pure checks on objects: ready or not, and why (ImagePullBackOff, Unschedulable, CrashLoopBackOff)
 - wait.py       polling the readiness checks with a progress display, diagnosing a failure with events and logs
-- metrics.py    the trainer's step metrics: JSON log lines with a `step` key, followed as the log grows
+- metric_rows.py  the trainer's step rows in the train's metrics ConfigMap: the trainer's writer, the reader's parse
+- metrics.py    following the step rows (the ConfigMap's; the log's for a train planned by an older agl)
 - status.py     `agl train status`: the train's objects, their readiness, its last metrics
 - session.py    the whole sequence: provision (dry run or applied, waited for, followed) and stop
 

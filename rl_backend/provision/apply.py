@@ -140,7 +140,9 @@ class Applier:
         raise AssertionError("unreachable")
 
     def _with_owner(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        if self._owner is None or manifest["kind"] in UNOWNED_KINDS | {OWNER_KIND}:
+        # The owner is the first ConfigMap (the project's); the others (the step rows) go with it.
+        if (self._owner is None or manifest["kind"] in UNOWNED_KINDS
+                or (manifest["kind"] == OWNER_KIND and manifest["metadata"]["name"] == self._owner["name"])):
             return manifest
         return {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [self._owner]}}
 
@@ -264,7 +266,8 @@ def delete_train(res: Resources, names: Names, *, keep_volumes: bool = False,
     controller left behind carry the label too (the cluster's agl.yaml adds it) and go with the trainer."""
     deleted: list[str] = []
     for kind in reversed(APPLY_ORDER):
-        for obj in res.objects(kind, names.selector()):
+        # The owner (the project's ConfigMap) last: deleting it first would have the garbage collector race us.
+        for obj in sorted(res.objects(kind, names.selector()), key=lambda o: o["metadata"]["name"] == names.config):
             name = obj["metadata"]["name"]
             if obj["metadata"].get("deletionTimestamp"):
                 continue

@@ -1,13 +1,16 @@
-"""The trainer's step metrics, from its log: every line that is a JSON object with a `step` key is one row.
+"""The trainer's step metrics, as `agl train --on kubernetes` follows them: one row (a JSON object with a `step`
+key) per step, printed as a table row, or as one JSON object per line with `--json`.
 
-The trainer prints them (one per step) among its other output; agl follows the log of the pod that carries the
-driver (the Job's pod, or a RayJob's submitter, which relays the driver's output) and prints each row as it comes:
-as a table row, or as one JSON object per line with `--json`. The log stream ends when the container does or the
-connection drops; agl reconnects until the trainer is over and goes on after the last line it read, found by the
-time the runtime stamped on it, never by counting lines: the kubelet rotates a container's log at 10 MiB and then
-serves only the newest file, so a count taken before a rotation would skip every row written after it.
+The rows come from the train's metrics ConfigMap (rl_backend/provision/metric_rows.py), which the trainer patches
+after each step: it survives the kubelet's log rotation (10 MiB, then only the newest file is served) and a
+restarted container. agl polls it and prints each step it has not printed yet, in step order, once.
+
+A train whose plan an older agl rendered has no such ConfigMap: then the rows come from the log of the pod that
+carries the driver (the Job's pod, or a RayJob's submitter, which relays the driver's output), as before: every line
+that is a JSON object with a `step` key. agl reconnects until the trainer is over and goes on after the last line it
+read, found by the time the runtime stamped on it (never by counting lines, which a rotation would break); rows
+rotated out while agl was not connected are named, not recovered.
 """
-
 from __future__ import annotations
 
 import datetime
@@ -21,6 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rl_backend.provision.metric_rows import parse_rows
 from rl_backend.provision.options import LABEL_COMPONENT, Names
 from rl_backend.provision.plan import Topology
 from rl_backend.provision.readiness import trainer_finished
@@ -111,39 +115,29 @@ def log_source(res: Resources, names: Names, topology: Topology) -> tuple[str, s
 def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPrinter, *, poll_s: float = 2.0,
            sleep: Callable[[float], None] = time.sleep, note: Callable[[str], None] = lambda _: None,
            ) -> tuple[str, str]:
-    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail). Steps missing between two
-    rows of one container (rotated out of the log while agl was not connected) are said through `note`."""
+    """Print rows until the trainer is over; return ('succeeded' | 'failed', detail). Rows from the metrics
+    ConfigMap where the train has one, else from the log (see the module doc); what could not be read is said
+    through `note`."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     kind = "Job" if topology.kind == "job" else "RayJob"
-    read_up_to: dict[tuple[str, int], tuple[int, int]] = {}  # the last line's time, per container instance
-    last_step: dict[tuple[str, int], int] = {}
+    from_log = LogRows(res, names, topology, printer, note)
+    from_store = StoredRows(printer, note)
     while True:
         try:
             trainer = res.read(kind, names.trainer)
             if trainer is None:
                 return "failed", f"{kind} {names.trainer} was deleted"
-            source = log_source(res, names, topology)
-            if source is not None:
-                pod, container, restarts = source
-                for stamped in res.follow_log(pod, container, timestamps=True):
-                    stamp, line = log_time(stamped)
-                    if stamp is None or stamp <= read_up_to.get((pod, restarts), (0, -1)):
-                        continue
-                    read_up_to[(pod, restarts)] = stamp
-                    if (row := metric_row(line)) is None:
-                        continue
-                    step, before = row.get("step"), last_step.get((pod, restarts))
-                    if isinstance(step, int) and isinstance(before, int) and step > before + 1:
-                        missed = f"{before + 1}" if step == before + 2 else f"{before + 1}-{step - 1}"
-                        note(f"the rows of step(s) {missed} were rotated out of the trainer's log before agl read "
-                             "them; every step is in the run's store on the checkpoint volume (and its "
-                             "train_metrics.jsonl once the train ends)")
-                    if isinstance(step, int):
-                        last_step[(pod, restarts)] = step
-                    printer.row(row)
-            finished = trainer_finished(res.read(kind, names.trainer) or {"kind": kind})
+            # Whether it is over is read before the rows: the rows of its last step were written before it ended.
+            finished = trainer_finished(trainer)
+            stored = res.read("ConfigMap", names.metrics)
+            if stored is not None:
+                from_store.read(stored)
+            elif not from_store.seen:  # (once seen, a ConfigMap gone means `stop`: the log would repeat rows)
+                from_log.read()
+            if finished is None and stored is None:
+                finished = trainer_finished(res.read(kind, names.trainer) or {"kind": kind})
             if finished is not None:
                 return finished
         except (ApiException, HTTPError, OSError) as exc:
@@ -151,3 +145,64 @@ def follow(res: Resources, names: Names, topology: Topology, printer: MetricsPri
                 raise
             # a dropped stream or a blip of the API: read again after a pause
         sleep(poll_s)
+
+
+@dataclass
+class StoredRows:
+    """The ConfigMap's rows not printed yet: each step once, in step order (a step trained again after a resume
+    was printed already: the row it replaced)."""
+
+    printer: MetricsPrinter
+    note: Callable[[str], None]
+    printed_up_to: int | None = None
+    said_dropped: bool = False
+    seen: bool = False
+
+    def read(self, config_map: dict[str, Any]) -> None:
+        self.seen = True
+        rows, dropped = parse_rows(config_map)
+        new = [r for r in rows if self.printed_up_to is None or r["step"] > self.printed_up_to]
+        gap = bool(new) and (self.printed_up_to is None or new[0]["step"] > self.printed_up_to + 1)
+        if dropped and gap and not self.said_dropped:
+            self.said_dropped = True
+            self.note(f"the {dropped} oldest step rows no longer fit in ConfigMap {config_map['metadata']['name']} "
+                      "(1 MiB) and are not printed; every step is in the run's store on the checkpoint volume (and "
+                      "its train_metrics.jsonl once the train ends)")
+        for row in new:
+            self.printed_up_to = row["step"]
+            self.printer.row(row)
+
+
+@dataclass
+class LogRows:
+    """The rows of the trainer's log, for a train without a metrics ConfigMap (see the module doc)."""
+
+    res: Resources
+    names: Names
+    topology: Topology
+    printer: MetricsPrinter
+    note: Callable[[str], None]
+    read_up_to: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # per container instance
+    last_step: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def read(self) -> None:
+        source = log_source(self.res, self.names, self.topology)
+        if source is None:
+            return
+        pod, container, restarts = source
+        for stamped in self.res.follow_log(pod, container, timestamps=True):
+            stamp, line = log_time(stamped)
+            if stamp is None or stamp <= self.read_up_to.get((pod, restarts), (0, -1)):
+                continue
+            self.read_up_to[(pod, restarts)] = stamp
+            if (row := metric_row(line)) is None:
+                continue
+            step, before = row.get("step"), self.last_step.get((pod, restarts))
+            if isinstance(step, int) and isinstance(before, int) and step > before + 1:
+                missed = f"{before + 1}" if step == before + 2 else f"{before + 1}-{step - 1}"
+                self.note(f"the rows of step(s) {missed} were rotated out of the trainer's log before agl read "
+                          "them; every step is in the run's store on the checkpoint volume (and its "
+                          "train_metrics.jsonl once the train ends)")
+            if isinstance(step, int):
+                self.last_step[(pod, restarts)] = step
+            self.printer.row(row)

@@ -161,6 +161,7 @@ class Names:
     policy_key = property(lambda self: f"{self.base}-policy-key")
     store_pvc = property(lambda self: f"{self.base}-gateway-store")
     config = property(lambda self: f"{self.base}-config")
+    metrics = property(lambda self: f"{self.base}-metrics")  # the trainer's step rows (metric_rows.py)
     controller = property(lambda self: f"{self.base}-controller")
     checkpoints = property(lambda self: f"{self.base}-checkpoints")
     trainer = property(lambda self: f"{self.base}-trainer")

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rl_backend.provision.metric_rows import METRICS_ENV
 from rl_backend.provision.options import (
     ANNOTATION_PROVISION,
     GATEWAY_PORT,
@@ -262,7 +263,8 @@ def template_context(*, names: Names, namespace: str, options: ProvisionOptions,
         "grader_image": grader_image or options.gateway_image or runtime_image,
         "grader_command": ["python", "-m", "agl_cli.evaluation.grade_server", GRADER_DIR, "--project", PROJECT_DIR],
         "grader_resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "4Gi"}},
-        "controller_env": [{"name": GRADER_DIR_ENV, "value": GRADER_DIR}],
+        # METRICS_ENV: where the trainer keeps its step rows (metric_rows.py); only this container has the token.
+        "controller_env": [{"name": GRADER_DIR_ENV, "value": GRADER_DIR}, {"name": METRICS_ENV, "value": names.metrics}],
         "api_token_dir": API_TOKEN_DIR,
         "api_token_expiry_s": API_TOKEN_EXPIRY_S,
     }

@@ -85,6 +85,7 @@ def render_all(context: dict[str, Any], *, withheld: list[str], kubernetes_versi
     labels = names.labels
     docs = [
         _render("configmap.yaml.j2", context, labels=labels("config")),
+        _render("metrics-configmap.yaml.j2", context, labels=labels("metrics")),
         _render("serviceaccount.yaml.j2", context, labels=labels("controller")),
         _render("role.yaml.j2", context, labels=labels("controller")),
         _render("rolebinding.yaml.j2", context, labels=labels("controller")),

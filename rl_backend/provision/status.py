@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_backend.provision.metric_rows import parse_rows
 from rl_backend.provision.metrics import last_metrics, log_source
 from rl_backend.provision.options import LABEL_COMPONENT, LABEL_MANAGED, LABEL_TRAIN, Names
 from rl_backend.provision.plan import Topology
@@ -66,7 +67,10 @@ def train_status(res: Resources, names: Names) -> dict[str, Any]:
         document["phase"] = "failing"
     else:
         document["phase"] = "running" if all(c.ready for c in checks) else "starting"
-    source = log_source(res, names, topology)
-    if source is not None:
+    stored = res.read("ConfigMap", names.metrics)
+    if stored is not None:  # the trainer's own record of its rows (metric_rows.py): no log rotation loses it
+        rows, _ = parse_rows(stored)
+        document["last_metrics"] = rows[-1] if rows else None
+    elif (source := log_source(res, names, topology)) is not None:  # a train planned by an older agl
         document["last_metrics"] = last_metrics(res.pod_log(source[0], source[1], tail_lines=TAIL_LINES))
     return document
