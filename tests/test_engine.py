@@ -213,3 +213,40 @@ def test_streams_wake_their_event_loop_once_per_step_not_once_per_token(loaded: 
     assert streams[:2] == alone
     # One per decode step, plus one per prefill (the 8 may be admitted over a few steps); not 8 * 12 = 96.
     assert wakeups <= steps + 8, (wakeups, steps)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_scripted_decode_step_computes_the_python_step_bit_for_bit(loaded: Any, precision: str) -> None:
+    """The decode step runs as one TorchScript call; the Python step it replaces gives the same bits."""
+    prompts = _prompts(loaded, TEXTS)
+
+    def run(scripted: bool, batch: list[list[int]]) -> Any:
+        runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0, scripted=scripted)  # type: ignore[arg-type]
+        with torch.inference_mode():
+            seqs, logits = runner.prefill(batch)
+            out = []
+            for _ in range(6):  # past the profiling executor's first runs, and across a cache growth
+                logits = runner.decode(seqs, logits.argmax(-1).tolist())
+                out.append(logits)
+        assert (runner._compiled_step() is not None) == scripted
+        return torch.stack(out)
+
+    assert torch.equal(run(True, prompts), run(False, prompts))
+    assert torch.equal(run(True, prompts[:1]), run(False, prompts[:1]))
+
+
+def test_bfloat16_without_the_cpus_bfloat16_kernels_is_emulated(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPUs whose oneDNN has no bfloat16 products (AVX2 only), bfloat16 keeps its numbers and batch invariance."""
+    from rl_backend.serving import linear
+
+    monkeypatch.setattr(linear, "bf16_native", lambda: False)
+    prompts = _prompts(loaded, TEXTS)
+    runner = LlamaRunner(loaded.model, precision="bfloat16", prefix_cache_bytes=0)
+    assert runner._packed()[0].qkv.mode == linear.BF16_EMULATED
+    with torch.inference_mode():
+        _, together = runner.prefill(prompts)
+        alone = [runner.prefill([p])[1][0] for p in prompts]
+        _, full = LlamaRunner(loaded.model, prefix_cache_bytes=0).prefill(prompts)
+    assert all(torch.equal(a, together[i]) for i, a in enumerate(alone))
+    gap = (torch.log_softmax(full, -1) - torch.log_softmax(together, -1)).abs().max().item()
+    assert 0 < gap < 0.1

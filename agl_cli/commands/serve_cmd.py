@@ -20,8 +20,8 @@ def serve_command(
         min=1, help="CPU threads for the model (default: $AGL_TORCH_THREADS, else the cores other processes leave "
         "idle, followed as the load changes).")] = None,
     precision: Annotated[str, typer.Option(
-        help="The CPU runner's matrix products: float32 (agrees with the trainer) or bfloat16 (about twice as fast; "
-        "for evaluation only).")] = "float32",
+        help="The CPU runner's matrix products: float32 (agrees with the trainer) or bfloat16 (about twice as fast "
+        "on CPUs with bfloat16 kernels, float32's speed on others; for evaluation only).")] = "float32",
 ) -> None:
     """Serve a local model with OpenAI chat completions (token ids and logprobs on request, like vLLM)."""
     from agl_cli.errors import UsageError

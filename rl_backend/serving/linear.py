@@ -6,7 +6,10 @@
   so one row is computed as two). That is what makes the engine batch invariant.
 - `bfloat16`: the same with weights and inputs rounded to bfloat16 (fp32 accumulation, fp32 everywhere else). Also
   batch invariant and about twice as fast again, but its logprobs differ from the float32 model the trainer
-  trains (by about 1e-2), so it is meant for evaluation, not for serving a training run.
+  trains (by about 1e-2), so it is meant for evaluation, not for serving a training run. oneDNN's bfloat16
+  products need AVX512 (bw/vl/dq) or AVX-NE-CONVERT; on a CPU without them (AVX2-only EPYCs and older Xeons) the
+  weights are rounded to bfloat16 once and multiplied by the float32 kernel, inputs and outputs rounded to bfloat16
+  as the native path rounds them: bfloat16's numbers and batch invariance, at float32's speed (`bf16_native`).
 - `int8-dynamic`: torch's dynamic int8 quantization (activations quantized per tensor on the fly). Its rows depend on
   each other (one outlier row changes every row's scale), so it breaks batch invariance; it exists so that the
   serving benchmark can measure it, and neither `agl serve` nor agl.yaml offer it.
@@ -16,54 +19,74 @@ Where oneDNN is unavailable (another device, a torch built without it) products 
 
 from __future__ import annotations
 
+import functools
+import logging
 import warnings
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
+from .scripted import BF16_EMULATED, BF16_NATIVE, FLOAT32, onednn_linear
+
 Precision = Literal["float32", "bfloat16", "int8-dynamic"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16", "int8-dynamic")
 SERVABLE: tuple[Precision, ...] = ("float32", "bfloat16")
+
+log = logging.getLogger(__name__)
 
 
 def onednn_available(device: torch.device) -> bool:
     return device.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def bf16_native() -> bool:
+    """Whether oneDNN packs bfloat16 weights on this CPU (it refuses without AVX512 bw/vl/dq or AVX-NE-CONVERT)."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(2, 2, dtype=torch.bfloat16))
+    except RuntimeError as exc:
+        log.warning(
+            "this CPU has no bfloat16 matrix kernels (%s): bfloat16 is computed with bfloat16-rounded weights in "
+            "float32 kernels, the same numbers at float32's speed", str(exc).split(":")[-1].strip(),
+        )
+        return False
+    return True
+
+
 class PackedLinear:
-    """y = x @ W.T (+ b) for a fixed W; `x` and `y` are float32 whatever the precision."""
+    """y = x @ W.T (+ b) for a fixed W; `x` and `y` are float32 whatever the precision.
+
+    On oneDNN, `packed`, `bias` and `mode` are what `scripted.onednn_linear` computes with (`mode` is None
+    elsewhere), so the scripted decode step runs the same product."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, precision: Precision) -> None:
         self.precision = precision
         self.out_features = int(weight.shape[0])
-        self._bias = None if bias is None else bias.detach().float().contiguous()
-        self._onednn = precision in ("float32", "bfloat16") and onednn_available(weight.device)
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.mode: int | None = None
         w = weight.detach()
-        self._packed: Any
+        self.packed: Any
         if precision == "int8-dynamic":
-            self._packed = _int8_pack(w.float(), self._bias)
-        elif self._onednn:
-            dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous())
+            self.packed = _int8_pack(w.float(), self.bias)
+        elif onednn_available(weight.device):
+            if precision == "float32":
+                self.mode, w = FLOAT32, w.float()
+            elif bf16_native():
+                self.mode, w = BF16_NATIVE, w.to(torch.bfloat16)
+            else:  # no bfloat16 kernels on this CPU: bfloat16 values through the float32 kernel
+                self.mode, w = BF16_EMULATED, w.to(torch.bfloat16).float()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
         else:
-            self._packed = w.to(torch.bfloat16 if precision == "bfloat16" else torch.float32).contiguous()
+            self.packed = w.to(torch.bfloat16 if precision == "bfloat16" else torch.float32).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.precision == "int8-dynamic":
-            return torch.ops.quantized.linear_dynamic(x, self._packed)
-        if self.precision == "bfloat16":
-            x = x.to(torch.bfloat16)
-        if not self._onednn:
-            y = F.linear(x, self._packed)
-        elif x.shape[0] == 1:
-            # oneDNN computes a lone row with another kernel (different float32 rounding); as a pair it is computed
-            # exactly as inside any larger batch.
-            y = torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), self._packed, None, "none", [], "")[:1]
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
-        y = y.float()
-        return y if self._bias is None else y + self._bias
+            return torch.ops.quantized.linear_dynamic(x, self.packed)
+        if self.mode is not None:
+            return onednn_linear(x, self.packed, self.bias, self.mode)
+        y = F.linear(x.to(self.packed.dtype), self.packed).float()
+        return y if self.bias is None else y + self.bias
 
 
 def _int8_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:

@@ -6,7 +6,9 @@ It reads the weights of the loaded Hugging Face model and computes the same func
   runs per prompt over its own keys, so nothing is padded;
 - each sequence keeps its keys and values in its own buffer (`prefix_cache.py`), so decode appends in place,
   attention reads exactly a row's own positions, and a finished sequence's cache serves the next prompt that starts
-  the same way (an agent's next turn) without recomputing it.
+  the same way (an agent's next turn) without recomputing it;
+- a decode step runs as one TorchScript call where the products are oneDNN's (`scripted.py`): the same operations
+  without Python's dispatch per operation, and with the GIL free for the server's event loop meanwhile.
 
 Batch invariance: a row's products do not depend on the other rows (see `linear.py`), normalisation and rotary
 embeddings are per row, and attention is computed per row over its own length, so a request's token ids and logprobs
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 
 from .linear import PackedLinear, Precision
 from .prefix_cache import PrefixCache, SeqKV
+from .scripted import compile_decode, flatten, rotate
 
 _FAMILIES = {"llama", "mistral", "qwen2"}
 _ROPE_TYPES = {"default", "linear", "llama3"}
@@ -65,7 +68,10 @@ class _Layer:
 class LlamaRunner:
     """Prefill and decode for a Llama-family model; sequences are `SeqKV`s (see the module docstring)."""
 
-    def __init__(self, model: Any, *, precision: Precision = "float32", prefix_cache_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, model: Any, *, precision: Precision = "float32", prefix_cache_bytes: int = 1 << 30, scripted: bool = True
+    ) -> None:
+        """`scripted=False` keeps decode steps in Python (the serving profile times their parts that way)."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the fast runner cannot serve this model: {reason}")
@@ -83,6 +89,9 @@ class LlamaRunner:
         # which live as long as the thread that started them, and a second set beside the engine's makes libgomp
         # count more threads than cores and throttle both (two-thread decode steps ran 2.3 times slower).
         self._layers: list[_Layer] | None = None
+        self.scripted = scripted
+        self._scripted_step: Any = None  # compiled on first use, where possible
+        self._flat: tuple[list[Any], ...] = ()
 
     def refresh(self) -> None:
         """Pack the model's current weights (after new weights were loaded) and forget every cached sequence."""
@@ -108,6 +117,7 @@ class LlamaRunner:
         angles = torch.cat((freqs, freqs), dim=-1)
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._cos, self._sin = angles.cos() * scale, angles.sin() * scale
+        self._flat = flatten(self._layers, self._norm, self._head)
         self.cache.clear()
 
     # ---- sequences ---------------------------------------------------------------------------------------------
@@ -177,12 +187,27 @@ class LlamaRunner:
         pos = torch.tensor(positions, dtype=torch.long)
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self._embed)
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
-        for index, layer in enumerate(layers):
-            q, kv = self._qkv(layer, x, cos, sin)
-            x = self._finish_layer(layer, x, self._decode_attention(index, seqs, positions, q, kv))
+        step = self._compiled_step()
+        if step is not None:
+            norms, weights, biases, modes = self._flat
+            logits = step(x, cos, sin, [seq.kv for seq in seqs], positions, norms, weights, biases, modes,
+                          self.heads, self.kv_heads, self.head_dim, self.eps)
+        else:
+            for index, layer in enumerate(layers):
+                q, kv = self._qkv(layer, x, cos, sin)
+                x = self._finish_layer(layer, x, self._decode_attention(index, seqs, positions, q, kv))
+            logits = self._logits(x)
         for seq, token in zip(seqs, tokens, strict=True):
             seq.tokens.append(token)
-        return self._logits(x)
+        return logits
+
+    def _compiled_step(self) -> Any:
+        """The scripted decode step when it applies: asked for, and every product oneDNN's."""
+        if not self.scripted or any(mode is None for mode in self._flat[3]):
+            return None
+        if self._scripted_step is None:
+            self._scripted_step = compile_decode() or False
+        return self._scripted_step or None
 
     def _decode_attention(
         self, index: int, seqs: list[SeqKV], positions: list[int], q: torch.Tensor, kv: torch.Tensor
@@ -204,7 +229,7 @@ class LlamaRunner:
         """Queries [rows, heads, dim] and new keys and values [rows, 2, kv_heads, dim], rotary embeddings applied."""
         rows, d = x.shape[0], self.head_dim
         qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.norm1, self.eps)).view(rows, -1, d)
-        rotated = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
+        rotated = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys in one go
         kv = torch.stack((rotated[:, self.heads :], qkv[:, self.heads + self.kv_heads :]), dim=1)
         return rotated[:, : self.heads], kv
 
@@ -232,11 +257,6 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: in
         q = torch.cat((q, q[:, :, -1:].expand(-1, -1, pad, -1)), dim=2)
         mask = torch.cat((mask, mask[-1:].expand(pad, -1)))
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)[:, :, :n]
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def _fused(precision: Precision, *linears: Any) -> PackedLinear:

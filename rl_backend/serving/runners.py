@@ -37,6 +37,9 @@ class Runner(Protocol):
 
 
 PREFIX_CACHE_ENV = "AGL_PREFIX_CACHE_MB"
+# "0" keeps the fast runner's decode steps in Python instead of TorchScript (scripted.py): the same numbers, slower;
+# for comparing the two, or for a torch whose TorchScript misbehaves.
+SCRIPTED_DECODE_ENV = "AGL_SCRIPTED_DECODE"
 _DEFAULT_PREFIX_CACHE_MB = 1024
 
 
@@ -63,6 +66,11 @@ def make_runner(model: Any, precision: Precision, *, fast: bool | None, cache_mb
         if reason is not None:
             log.info("serving through the Hugging Face forward: %s", reason)
         return HFRunner(model)
-    return LlamaRunner(model, precision=precision, prefix_cache_bytes=prefix_cache_bytes(cache_mb))
+    scripted = os.environ.get(SCRIPTED_DECODE_ENV, "1").strip()
+    if scripted not in ("0", "1"):
+        raise ValueError(f"${SCRIPTED_DECODE_ENV} must be 0 or 1, got {scripted!r}")
+    return LlamaRunner(
+        model, precision=precision, prefix_cache_bytes=prefix_cache_bytes(cache_mb), scripted=scripted == "1"
+    )
 
 
