@@ -250,3 +250,15 @@ def test_bfloat16_without_the_cpus_bfloat16_kernels_is_emulated(loaded: Any, mon
     assert all(torch.equal(a, together[i]) for i, a in enumerate(alone))
     gap = (torch.log_softmax(full, -1) - torch.log_softmax(together, -1)).abs().max().item()
     assert 0 < gap < 0.1
+
+
+def test_scripted_decode_env_switch(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rl_backend.serving.runners import SCRIPTED_DECODE_ENV, make_runner
+
+    monkeypatch.setenv(SCRIPTED_DECODE_ENV, "0")
+    assert make_runner(loaded.model, "float32", fast=None, cache_mb=0).scripted is False  # type: ignore[attr-defined]
+    monkeypatch.setenv(SCRIPTED_DECODE_ENV, "yes")
+    with pytest.raises(ValueError, match=r"\$AGL_SCRIPTED_DECODE must be 0 or 1, got 'yes'"):
+        make_runner(loaded.model, "float32", fast=None, cache_mb=0)
+    monkeypatch.delenv(SCRIPTED_DECODE_ENV)
+    assert make_runner(loaded.model, "float32", fast=None, cache_mb=0).scripted is True  # type: ignore[attr-defined]
