@@ -48,5 +48,7 @@ def test_help_imports_nothing_heavy_and_starts_fast() -> None:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert "eval" in result.stdout
     # Half a second of wall time is the goal on an idle machine. CPU time is what the process itself costs, and
-    # stays meaningful when other work shares the cores.
-    assert cpu < 0.5, f"agl --help used {cpu:.2f} CPU-seconds ({elapsed:.2f} s wall)"
+    # stays meaningful when other work shares the cores. The bound leaves room for slower CPUs (machines of this kind
+    # differ 2-3x: 0.45-0.6 CPU-seconds on an AVX2 EPYC, where 0.5 was set on a faster Xeon) and still fails on one
+    # heavy import slipping in (torch alone costs about 2.9 CPU-seconds to import there).
+    assert cpu < 1.0, f"agl --help used {cpu:.2f} CPU-seconds ({elapsed:.2f} s wall)"
