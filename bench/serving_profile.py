@@ -127,9 +127,10 @@ def profile_engine(engine: Any, prompts: list[list[int]], max_tokens: int) -> di
     runner = engine._runner
     if getattr(runner, "_decode_attention", None) is None:
         return {"error": "the profile needs the fast runner"}
-    scripted = bool(getattr(runner, "scripted", False)) and runner._compiled_step() is not None
+    was_scripted = runner.scripted
+    scripted = was_scripted and runner._compiled_step() is not None
     clock = _Clock()
-    was_scripted, runner.scripted = getattr(runner, "scripted", False), False
+    runner.scripted = False
     try:
         with _timers(engine, len(prompts), clock):
             wall, steps = _direct_run(engine, prompts, max_tokens, clock)

@@ -92,6 +92,7 @@ class LlamaRunner:
         self.scripted = scripted
         self._scripted_step: Any = None  # compiled on first use, where possible
         self._flat: tuple[list[Any], ...] = ()
+        self._onednn_only = False  # every product oneDNN's, which the scripted step needs (set by refresh)
 
     def refresh(self) -> None:
         """Pack the model's current weights (after new weights were loaded) and forget every cached sequence."""
@@ -118,6 +119,7 @@ class LlamaRunner:
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._cos, self._sin = angles.cos() * scale, angles.sin() * scale
         self._flat = flatten(self._layers, self._norm, self._head)
+        self._onednn_only = all(mode is not None for mode in self._flat[3])
         self.cache.clear()
 
     # ---- sequences ---------------------------------------------------------------------------------------------
@@ -203,7 +205,7 @@ class LlamaRunner:
 
     def _compiled_step(self) -> Any:
         """The scripted decode step when it applies: asked for, and every product oneDNN's."""
-        if not self.scripted or any(mode is None for mode in self._flat[3]):
+        if not self.scripted or not self._onednn_only:
             return None
         if self._scripted_step is None:
             self._scripted_step = compile_decode() or False
