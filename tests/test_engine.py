@@ -57,10 +57,12 @@ def test_fast_runner_computes_the_hf_forward(loaded: Any) -> None:
         assert seqs[row].tokens == prompt + generated
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["attention-kernel", "torch-attention"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_rows_do_not_depend_on_their_batch(loaded: Any, precision: str) -> None:
+def test_rows_do_not_depend_on_their_batch(loaded: Any, precision: str, kernel: bool) -> None:
     """A prompt prefilled and decoded alone gives the same logits as inside a batch (bit for bit on oneDNN CPUs)."""
-    runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0)  # type: ignore[arg-type]
+    runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0,  # type: ignore[arg-type]
+                         attention_kernel=kernel)
     prompts = _prompts(loaded, TEXTS)
 
     def run(batch: list[list[int]]) -> list[Any]:
@@ -72,9 +74,30 @@ def test_rows_do_not_depend_on_their_batch(loaded: Any, precision: str) -> None:
             return [torch.stack([o[i] for o in out]) for i in range(len(batch))]
 
     together = run(prompts)
+    assert (runner._attention_kernel() is not None) == kernel
     for i, prompt in enumerate(prompts):
         (alone,) = run([prompt])
-        assert (alone - together[i]).abs().max().item() <= 1e-6
+        assert torch.equal(alone, together[i])
+
+
+def test_attention_kernel_computes_what_torch_attention_computes(loaded: Any) -> None:
+    """The compiled decode attention and torch's row-by-row products give the same tokens and logits to float32
+    rounding."""
+    prompts = _prompts(loaded, TEXTS)
+
+    def run(kernel: bool) -> Any:
+        runner = LlamaRunner(loaded.model, prefix_cache_bytes=0, attention_kernel=kernel)
+        with torch.inference_mode():
+            seqs, logits = runner.prefill(prompts)
+            out = []
+            for _ in range(8):
+                logits = runner.decode(seqs, logits.argmax(-1).tolist())
+                out.append(logits)
+        return torch.stack(out)
+
+    ours, theirs = run(True), run(False)
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
 
 
 def test_bfloat16_stays_close_to_float32(loaded: Any) -> None:
@@ -215,13 +238,15 @@ def test_streams_wake_their_event_loop_once_per_step_not_once_per_token(loaded: 
     assert wakeups <= steps + 8, (wakeups, steps)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["attention-kernel", "torch-attention"])
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_scripted_decode_step_computes_the_python_step_bit_for_bit(loaded: Any, precision: str) -> None:
-    """The decode step runs as one TorchScript call; the Python step it replaces gives the same bits."""
+def test_scripted_decode_step_computes_the_python_step_bit_for_bit(loaded: Any, precision: str, kernel: bool) -> None:
+    """The decode step runs in TorchScript; the Python step it replaces gives the same bits."""
     prompts = _prompts(loaded, TEXTS)
 
     def run(scripted: bool, batch: list[list[int]]) -> Any:
-        runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0, scripted=scripted)  # type: ignore[arg-type]
+        runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0, scripted=scripted,  # type: ignore[arg-type]
+                             attention_kernel=kernel)
         with torch.inference_mode():
             seqs, logits = runner.prefill(batch)
             out = []
@@ -252,7 +277,7 @@ def test_bfloat16_without_the_cpus_bfloat16_kernels_is_emulated(loaded: Any, mon
     assert 0 < gap < 0.1
 
 
-def test_scripted_decode_env_switch(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_env_switches(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from rl_backend.serving.runners import SCRIPTED_DECODE_ENV, make_runner
 
     monkeypatch.setenv(SCRIPTED_DECODE_ENV, "0")
@@ -262,3 +287,8 @@ def test_scripted_decode_env_switch(loaded: Any, monkeypatch: pytest.MonkeyPatch
         make_runner(loaded.model, "float32", fast=None, cache_mb=0)
     monkeypatch.delenv(SCRIPTED_DECODE_ENV)
     assert make_runner(loaded.model, "float32", fast=None, cache_mb=0).scripted is True  # type: ignore[attr-defined]
+    monkeypatch.setenv("AGL_ATTENTION_KERNEL", "0")
+    assert make_runner(loaded.model, "float32", fast=None, cache_mb=0).attention_kernel is False  # type: ignore[attr-defined]
+    monkeypatch.setenv("AGL_ATTENTION_KERNEL", "no")
+    with pytest.raises(ValueError, match=r"\$AGL_ATTENTION_KERNEL must be 0 or 1, got 'no'"):
+        make_runner(loaded.model, "float32", fast=None, cache_mb=0)

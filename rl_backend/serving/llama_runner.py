@@ -7,8 +7,10 @@ It reads the weights of the loaded Hugging Face model and computes the same func
 - each sequence keeps its keys and values in its own buffer (`prefix_cache.py`), so decode appends in place,
   attention reads exactly a row's own positions, and a finished sequence's cache serves the next prompt that starts
   the same way (an agent's next turn) without recomputing it;
-- a decode step runs as one TorchScript call where the products are oneDNN's (`scripted.py`): the same operations
-  without Python's dispatch per operation, and with the GIL free for the server's event loop meanwhile.
+- a decode step's attention runs as one small compiled C function per layer (`attention_kernel.py`), every row
+  over its own keys, where the system has a C compiler, else row by row in torch;
+- a decode step runs in TorchScript where the products are oneDNN's (`scripted.py`): the same operations without
+  Python's dispatch per operation, and with the GIL free for the server's event loop meanwhile.
 
 Batch invariance: a row's products do not depend on the other rows (see `linear.py`), normalisation and rotary
 embeddings are per row, and attention is computed per row over its own length, so a request's token ids and logprobs
@@ -26,9 +28,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .attention_kernel import Attend, DecodeAttention
+from .attention_kernel import load as load_attention_kernel
 from .linear import PackedLinear, Precision
 from .prefix_cache import PrefixCache, SeqKV
-from .scripted import compile_decode, flatten, rotate
+from .scripted import attend_rows, compile_decode, flatten, rotate
 
 _FAMILIES = {"llama", "mistral", "qwen2"}
 _ROPE_TYPES = {"default", "linear", "llama3"}
@@ -69,9 +73,11 @@ class LlamaRunner:
     """Prefill and decode for a Llama-family model; sequences are `SeqKV`s (see the module docstring)."""
 
     def __init__(
-        self, model: Any, *, precision: Precision = "float32", prefix_cache_bytes: int = 1 << 30, scripted: bool = True
+        self, model: Any, *, precision: Precision = "float32", prefix_cache_bytes: int = 1 << 30, scripted: bool = True,
+        attention_kernel: bool = True,
     ) -> None:
-        """`scripted=False` keeps decode steps in Python (the serving profile times their parts that way)."""
+        """`scripted=False` keeps decode steps in Python (the serving profile times their parts that way);
+        `attention_kernel=False` attends row by row in torch instead of with the compiled kernel."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the fast runner cannot serve this model: {reason}")
@@ -90,6 +96,7 @@ class LlamaRunner:
         # count more threads than cores and throttle both (two-thread decode steps ran 2.3 times slower).
         self._layers: list[_Layer] | None = None
         self.scripted = scripted
+        self.attention_kernel = attention_kernel
         self._scripted_step: Any = None  # compiled on first use, where possible
         self._flat: tuple[list[Any], ...] = ()
         self._onednn_only = False  # every product oneDNN's, which the scripted step needs (set by refresh)
@@ -189,19 +196,29 @@ class LlamaRunner:
         pos = torch.tensor(positions, dtype=torch.long)
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self._embed)
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
+        kvs = [seq.kv for seq in seqs]
+        kernel = self._attention_kernel()
+        attend = None if kernel is None else kernel.for_step(kvs, positions, self.heads, self.kv_heads, self.head_dim)
         step = self._compiled_step()
         if step is not None:
-            norms, weights, biases, modes = self._flat
-            logits = step(x, cos, sin, [seq.kv for seq in seqs], positions, norms, weights, biases, modes,
-                          self.heads, self.kv_heads, self.head_dim, self.eps)
+            logits = step(x, cos, sin, kvs, positions, self._flat, self.heads, self.kv_heads, self.head_dim,
+                          self.eps, attend)
         else:
             for index, layer in enumerate(layers):
                 q, kv = self._qkv(layer, x, cos, sin)
-                x = self._finish_layer(layer, x, self._decode_attention(index, seqs, positions, q, kv))
+                x = self._finish_layer(layer, x, self._decode_attention(index, seqs, positions, q, kv, attend))
             logits = self._logits(x)
         for seq, token in zip(seqs, tokens, strict=True):
             seq.tokens.append(token)
         return logits
+
+    def _attention_kernel(self) -> DecodeAttention | None:
+        """The compiled decode attention when it applies: asked for, built, and the model's heads fit it."""
+        if not self.attention_kernel or self._embed.device.type != "cpu":
+            return None
+        if not DecodeAttention.supports(self.heads, self.kv_heads, self.head_dim):
+            return None
+        return load_attention_kernel()
 
     def _compiled_step(self) -> Any:
         """The scripted decode step when it applies: asked for, and every product oneDNN's."""
@@ -212,20 +229,15 @@ class LlamaRunner:
         return self._scripted_step or None
 
     def _decode_attention(
-        self, index: int, seqs: list[SeqKV], positions: list[int], q: torch.Tensor, kv: torch.Tensor
+        self, index: int, seqs: list[SeqKV], positions: list[int], q: torch.Tensor, kv: torch.Tensor,
+        attend: Attend | None,
     ) -> torch.Tensor:
-        """Store each row's new key and value in layer `index`'s cache and attend its one query over its own keys."""
-        # A single query per row: the query heads sharing a key head become that head's query rows. Plain
-        # products rather than scaled_dot_product_attention, whose fixed cost per call dominates at this size.
-        # (Rows batched into one product over a span padded per row measured no faster: per row is kept.)
-        q = (q * self.head_dim**-0.5).view(len(seqs), self.kv_heads, self.heads // self.kv_heads, self.head_dim)
-        outs = []
-        for row, (seq, n) in enumerate(zip(seqs, positions, strict=True)):
-            cache = seq.kv[index]
-            cache[:, :, n] = kv[row]
-            weights = torch.softmax(torch.matmul(q[row], cache[0, :, : n + 1].transpose(1, 2)), dim=-1)
-            outs.append(torch.matmul(weights, cache[1, :, : n + 1]).view(1, -1))
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
+        """Store each row's new key and value in layer `index`'s cache and attend its one query over its own keys
+        (the compiled kernel where it is built, else row by row in torch)."""
+        q = q * self.head_dim**-0.5
+        if attend is not None:
+            return attend(index, q, kv)
+        return attend_rows(q, kv, [seq.kv for seq in seqs], positions, index, self.kv_heads)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [rows, heads, dim] and new keys and values [rows, 2, kv_heads, dim], rotary embeddings applied."""

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from . import attention_kernel
 from .hf_runner import HFRunner
 from .linear import PRECISIONS, Precision
 from .llama_runner import LlamaRunner, unsupported_reason
@@ -70,7 +71,8 @@ def make_runner(model: Any, precision: Precision, *, fast: bool | None, cache_mb
     if scripted not in ("0", "1"):
         raise ValueError(f"${SCRIPTED_DECODE_ENV} must be 0 or 1, got {scripted!r}")
     return LlamaRunner(
-        model, precision=precision, prefix_cache_bytes=prefix_cache_bytes(cache_mb), scripted=scripted == "1"
+        model, precision=precision, prefix_cache_bytes=prefix_cache_bytes(cache_mb), scripted=scripted == "1",
+        attention_kernel=attention_kernel.enabled(),
     )
 
 
