@@ -3,6 +3,7 @@ context length: the compiled attention kernel against torch's row-by-row product
 
     python bench/decode_step_bench.py                       # 8 sequences, contexts of about 64, 256 and 1024
     python bench/decode_step_bench.py --rows 4 --contexts 128 2048 --threads 1
+    python bench/decode_step_bench.py --kernel-longest 100000   # the kernel for every row, however long
 
 Every configuration runs in the same process on the same model copy; rounds interleave them, so load from other
 processes falls on all alike. A figure is the median over rounds of the mean step time of `--steps` steps (after
@@ -51,13 +52,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kernel-longest", type=int, default=None,
+                    help="rows with more keys attend in torch even with the kernel (default: the runner's, 192)")
     args = ap.parse_args()
 
     import torch
 
+    from rl_backend.serving import llama_runner
     from rl_backend.serving.llama_runner import LlamaRunner
     from rl_backend.serving.model_store import load_model
 
+    if args.kernel_longest is not None:
+        llama_runner.KERNEL_LONGEST = args.kernel_longest
     torch.set_num_threads(args.threads)
     model = load_model("smollm2-135m-instruct").model
     runners = {name: LlamaRunner(model, prefix_cache_bytes=0, **kw) for name, kw in CONFIGS.items()}  # type: ignore[arg-type]
@@ -75,6 +81,7 @@ def main() -> None:
     for context in args.contexts:
         print(f"{context:7d}  " + "  ".join(f"{medians[n][context]:28.1f}" for n in CONFIGS), file=sys.stderr)
     print(json.dumps({"bench": "decode_step", "rows": args.rows, "threads": args.threads, "steps": args.steps,
+                      "kernel_longest": llama_runner.KERNEL_LONGEST,
                       "rounds": args.rounds, "ms_per_step": medians, "samples": samples}))
 
 

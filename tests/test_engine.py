@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rl_backend.serving import llama_runner  # noqa: E402
 from rl_backend.serving.engine import Engine  # noqa: E402
 from rl_backend.serving.llama_runner import LlamaRunner, unsupported_reason  # noqa: E402
 from rl_backend.serving.model_store import load_model  # noqa: E402
@@ -57,13 +58,28 @@ def test_fast_runner_computes_the_hf_forward(loaded: Any) -> None:
         assert seqs[row].tokens == prompt + generated
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["attention-kernel", "torch-attention"])
+ATTENTION = ["attention-kernel", "torch-attention", "kernel-for-short-rows"]
+
+
+def _attention(mode: str, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the runner gets the kernel; for "kernel-for-short-rows", a row length limit that sends the shortest
+    prompt's row to the kernel, at first, and the others to torch (with SmolLM2, rows past 192 keys go to torch)."""
+    if mode == "kernel-for-short-rows":
+        limit = sorted(map(len, prompts))[1]  # below it the shortest prompt's row, at first; the others above
+        assert 0 < sum(len(p) < limit for p in prompts) < len(prompts)
+        monkeypatch.setattr(llama_runner, "KERNEL_LONGEST", limit)
+    return mode != "torch-attention"
+
+
+@pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_rows_do_not_depend_on_their_batch(loaded: Any, precision: str, kernel: bool) -> None:
+def test_rows_do_not_depend_on_their_batch(loaded: Any, precision: str, attention: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt prefilled and decoded alone gives the same logits as inside a batch (bit for bit on oneDNN CPUs)."""
+    prompts = _prompts(loaded, TEXTS)
+    kernel = _attention(attention, prompts, monkeypatch)
     runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0,  # type: ignore[arg-type]
                          attention_kernel=kernel)
-    prompts = _prompts(loaded, TEXTS)
 
     def run(batch: list[list[int]]) -> list[Any]:
         with torch.inference_mode():
@@ -238,11 +254,13 @@ def test_streams_wake_their_event_loop_once_per_step_not_once_per_token(loaded: 
     assert wakeups <= steps + 8, (wakeups, steps)
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["attention-kernel", "torch-attention"])
+@pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_scripted_decode_step_computes_the_python_step_bit_for_bit(loaded: Any, precision: str, kernel: bool) -> None:
+def test_scripted_decode_step_computes_the_python_step_bit_for_bit(loaded: Any, precision: str, attention: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode step runs in TorchScript; the Python step it replaces gives the same bits."""
     prompts = _prompts(loaded, TEXTS)
+    kernel = _attention(attention, prompts, monkeypatch)
 
     def run(scripted: bool, batch: list[list[int]]) -> Any:
         runner = LlamaRunner(loaded.model, precision=precision, prefix_cache_bytes=0, scripted=scripted,  # type: ignore[arg-type]
@@ -275,6 +293,26 @@ def test_bfloat16_without_the_cpus_bfloat16_kernels_is_emulated(loaded: Any, mon
     assert all(torch.equal(a, together[i]) for i, a in enumerate(alone))
     gap = (torch.log_softmax(full, -1) - torch.log_softmax(together, -1)).abs().max().item()
     assert 0 < gap < 0.1
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_a_rows_product_does_not_depend_on_how_many_rows_share_it(precision: str) -> None:
+    """Every product, of 1 to 100 rows (decode batches and prefills), gives each row the bits it has alone, at the
+    shapes of SmolLM2's fused q/k/v, MLP down and head products; in bfloat16 on CPUs with AMX tiles this needs the
+    products split at 32 rows, scripted or not."""
+    from rl_backend.serving import scripted
+    from rl_backend.serving.linear import PackedLinear
+
+    generator = torch.Generator().manual_seed(0)
+    scripted_linear = torch.jit.script(scripted.onednn_linear)
+    for out_features, in_features in [(960, 576), (576, 1536), (4096, 576)]:
+        product = PackedLinear(torch.randn(out_features, in_features, generator=generator) * 0.05, None, precision)  # type: ignore[arg-type]
+        x = torch.randn(100, in_features, generator=generator)
+        alone = torch.cat([product(x[i:i + 1]) for i in range(len(x))])
+        for rows in (2, 8, 32, 33, 47, 64, 100):
+            assert torch.equal(product(x[:rows]), alone[:rows]), (out_features, in_features, rows)
+        if product.mode is not None:
+            assert torch.equal(scripted_linear(x[:70], product.packed, None, product.mode), alone[:70])
 
 
 def test_decode_env_switches(loaded: Any, monkeypatch: pytest.MonkeyPatch) -> None:

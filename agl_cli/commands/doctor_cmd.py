@@ -75,6 +75,17 @@ def _stack_check(gpu: bool) -> dict[str, Any]:
     return _check(what, not wrong, detail, fix, required=gpu)
 
 
+def _compiler_check() -> dict[str, Any]:
+    # The engine compiles its decode attention with $CC (else cc) on first use; without one it attends in torch.
+    name = os.environ.get("CC", "").strip() or "cc"
+    found = shutil.which(name)
+    return _check(
+        "C compiler (the embedded engine's attention kernel)", found is not None,
+        found or f"{name} not found: the embedded engine attends row by row in torch instead (slower, same results)",
+        "apt-get install -y gcc, or set $CC to a C compiler", required=False,
+    )
+
+
 def collect(stack: str | None = None) -> list[dict[str, Any]]:
     checks = [
         _package_check("torch", "torch", "pip install 'torch==2.13.*'", required=True),
@@ -82,6 +93,7 @@ def collect(stack: str | None = None) -> list[dict[str, Any]]:
         _package_check("gguf reader", "gguf", LOCAL_FIX, required=True),
         _package_check("accelerate", "accelerate", LOCAL_FIX, required=True),
         _gguf_check(),
+        _compiler_check(),
         _stack_check(gpu=stack == "gpu"),
         _kube_check(),
     ]

@@ -24,9 +24,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -35,9 +33,6 @@ log = logging.getLogger(__name__)
 ENV = "AGL_ATTENTION_KERNEL"
 CACHE_ENV = "AGL_KERNEL_CACHE"
 SOURCE = Path(__file__).with_name("decode_attention.c")
-_MAX_GROUP_DIM = 2048  # MAX_GROUP_DIM in the C source
-
-Attend = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def enabled() -> bool:
@@ -60,46 +55,78 @@ class DecodeAttention:
         self.path = path
         self._fn = library.agl_decode_attention
         self._fn.restype = None
-        self._fn.argtypes = [ctypes.c_long] * 5 + [ctypes.c_void_p] * 2 + [
-            ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(ctypes.c_long),
-            ctypes.c_void_p, ctypes.c_void_p,
-        ]
+        self._fn.argtypes = [ctypes.c_long] * 5 + [ctypes.c_void_p] * 7
 
     @staticmethod
     def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
-        return head_dim % 8 == 0 and heads % kv_heads == 0 and heads * head_dim // kv_heads <= _MAX_GROUP_DIM
+        return head_dim % 8 == 0 and heads % kv_heads == 0
 
     def for_step(self, caches: list[torch.Tensor], positions: list[int], heads: int, kv_heads: int,
-                 head_dim: int) -> Attend | None:
-        """`attend(layer, q, kv)` for this step, or None where a cache is not what the kernel reads (the caller
-        then attends row by row). q: [rows, heads, head_dim] scaled; kv: [rows, 2, kv_heads, head_dim]; the
-        result is [rows, heads * head_dim]. Each call also stores kv in the caches at `positions`."""
+                 head_dim: int, longest: int | None = None) -> KernelStep | None:
+        """This step's arguments for the rows the kernel attends (`KernelStep`), or None where it attends none:
+        a cache is not what the kernel reads, or every row is longer than `longest` keys (the caller attends
+        those row by row in torch, whose products use every thread: faster once a row's keys no longer fit in
+        the caches of one core). The rule is each row's own length, so a row's result never depends on its batch."""
         if not all(c.dtype == torch.float32 and c.device.type == "cpu" and c.is_contiguous() for c in caches):
             return None
         if any(not 0 <= n < int(c.shape[3]) for c, n in zip(caches, positions, strict=True)):
             raise ValueError(f"positions {positions} outside the caches' capacities {[int(c.shape[3]) for c in caches]}")
-        return _Step(self._fn, caches, positions, heads, kv_heads, head_dim)
+        rows = [r for r, n in enumerate(positions) if longest is None or n < longest]
+        if not rows:
+            return None
+        return KernelStep(self, rows, [caches[r] for r in rows], [positions[r] for r in rows], heads, kv_heads)
+
+    def attend(self, q: torch.Tensor, kv: torch.Tensor, step: list[torch.Tensor], layer: int,
+               kv_heads: int) -> torch.Tensor:
+        """One layer: `step` is a `KernelStep`'s tensors (cache addresses, capacities, positions, scratch)."""
+        pointers, capacity, positions, scores = step
+        q, kv = q.contiguous(), kv.contiguous()
+        rows, heads, head_dim = q.shape
+        out = torch.empty(rows, heads * head_dim)
+        self._fn(rows, kv_heads, heads // kv_heads, head_dim, layer, q.data_ptr(), kv.data_ptr(), pointers.data_ptr(),
+                 capacity.data_ptr(), positions.data_ptr(), out.data_ptr(), scores.data_ptr())
+        return out
 
 
-class _Step:
-    """One decode step's arguments, converted for C once rather than at each of its layers."""
+class KernelStep:
+    """One decode step's arguments for the rows in `rows`, as the tensors the C function reads, made once rather
+    than at each layer; `tensors` is what the scripted step passes to the registered operator."""
 
-    def __init__(self, fn: Any, caches: list[torch.Tensor], positions: list[int], heads: int, kv_heads: int,
-                 head_dim: int) -> None:
-        rows = len(caches)
-        self.fn, self.rows, self.heads, self.kv_heads, self.head_dim = fn, rows, heads, kv_heads, head_dim
-        self.caches = caches  # C reads them through raw pointers: held here for as long as the step can be called
-        self.pointers = (ctypes.c_void_p * rows)(*[c.data_ptr() for c in caches])
-        self.capacity = (ctypes.c_long * rows)(*[int(c.shape[3]) for c in caches])
-        self.positions = (ctypes.c_long * rows)(*positions)
-        self.scores = torch.empty(heads // kv_heads * (max(positions) + 1))
+    def __init__(self, kernel: DecodeAttention, rows: list[int], caches: list[torch.Tensor], positions: list[int],
+                 heads: int, kv_heads: int) -> None:
+        self.kernel, self.rows, self.kv_heads = kernel, rows, kv_heads
+        self.caches = caches  # C reads them through raw addresses: held here for as long as the step can be called
+        self.tensors = [
+            torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64),
+            torch.tensor([int(c.shape[3]) for c in caches], dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64),
+            torch.empty(heads // kv_heads * ((max(positions) + 8) // 8 * 8)),  # scores, padded to whole blocks
+        ]
 
     def __call__(self, layer: int, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        q, kv = q.contiguous(), kv.contiguous()
-        out = torch.empty(self.rows, self.heads * self.head_dim)
-        self.fn(self.rows, self.kv_heads, self.heads // self.kv_heads, self.head_dim, layer, q.data_ptr(),
-                kv.data_ptr(), self.pointers, self.capacity, self.positions, out.data_ptr(), self.scores.data_ptr())
-        return out
+        """Attend `self.rows`' queries q [len(rows), heads, head_dim] with their new keys and values kv."""
+        return self.kernel.attend(q, kv, self.tensors, layer, self.kv_heads)
+
+
+@functools.cache
+def register_operator() -> torch.library.Library:
+    """`torch.ops.agl.decode_attention`, the kernel as an operator TorchScript can call: the scripted decode step
+    then runs whole, returning to Python only for the C call itself (which holds no GIL while it computes)."""
+    library = torch.library.Library("agl", "DEF")
+    library.define(
+        "decode_attention(Tensor q, Tensor kv, Tensor(a!) pointers, Tensor capacity, Tensor positions, "
+        "Tensor(b!) scores, int layer, int kv_heads) -> Tensor"
+    )
+
+    def run(q: torch.Tensor, kv: torch.Tensor, pointers: torch.Tensor, capacity: torch.Tensor,
+            positions: torch.Tensor, scores: torch.Tensor, layer: int, kv_heads: int) -> torch.Tensor:
+        kernel = load()
+        if kernel is None:
+            raise RuntimeError("agl::decode_attention was called without a built attention kernel")
+        return kernel.attend(q, kv, [pointers, capacity, positions, scores], layer, kv_heads)
+
+    library.impl("decode_attention", run, "CPU")
+    return library
 
 
 @functools.cache
@@ -107,7 +134,9 @@ def load() -> DecodeAttention | None:
     """The compiled kernel, built on first use, or None (said once, with the reason) where it cannot be."""
     try:
         path = _build()
-        return DecodeAttention(ctypes.CDLL(str(path)), path)
+        kernel = DecodeAttention(ctypes.CDLL(str(path)), path)
+        register_operator()  # the decode step calls it as torch.ops.agl.decode_attention, scripted or not
+        return kernel
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("the decode attention kernel could not be built (%s): attention runs row by row in torch, "
                     "batch invariant but slower", exc)

@@ -10,16 +10,17 @@
  *   kv      [rows, 2, kv_heads, head_dim]       this step's keys and values
  *   caches  per row: [layers, 2, kv_heads, capacity[row], head_dim]
  *   out     [rows, kv_heads, group, head_dim]
- *   scores  scratch of group * (max position + 1) floats
- * head_dim is a multiple of 8 and group * head_dim at most 2048 (the caller checks).
+ *   scores  scratch of group * (max position + 1 rounded up to a multiple of 8) floats
+ * head_dim is a multiple of 8 (the caller checks).
  */
 #include <math.h>
 #include <string.h>
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
+typedef int v8i __attribute__((vector_size(32)));
 
-#define MAX_GROUP_DIM 2048
+#define v8splat(x) ((v8){x, x, x, x, x, x, x, x})
 
 static inline v8 load8(const float *p) {
     v8 a;
@@ -33,39 +34,96 @@ static inline float lane_sum(v8 a) {
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+/* Scores of every query in the group against 8 keys at once: 8 independent sums instead of one chain of
+ * dependent additions (a single chain waits on each addition's latency). Each score's own arithmetic (the sum over
+ * head_dim in 8-lane chunks, then the lanes in a fixed order) is that of a key scored alone, so blocks and the tail
+ * give the same bits. */
+static void score_block(const float *queries, const float *keys, long group, long head_dim, long stride,
+                        float *scores) {
+    long chunks = head_dim / 8;
+    for (long g = 0; g < group; g++) {
+        const float *qg = queries + g * head_dim;
+        v8 acc[8] = {{0}};
+        for (long c = 0; c < chunks; c++) {
+            v8 qc = load8(qg + 8 * c);
+            for (int i = 0; i < 8; i++) acc[i] += qc * load8(keys + i * head_dim + 8 * c);
+        }
+        for (int i = 0; i < 8; i++) scores[g * stride + i] = lane_sum(acc[i]);
+    }
+}
+
+static void score_one(const float *queries, const float *key, long group, long head_dim, long stride,
+                      float *scores) {
+    long chunks = head_dim / 8;
+    for (long g = 0; g < group; g++) {
+        const float *qg = queries + g * head_dim;
+        v8 acc = {0};
+        for (long c = 0; c < chunks; c++) acc += load8(qg + 8 * c) * load8(key + 8 * c);
+        scores[g * stride] = lane_sum(acc);
+    }
+}
+
+/* e^x for x <= 0, 8 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by Cephes' expf polynomial (about 1 ulp), 2^n from
+ * the exponent bits; below -87.3 (where 2^n leaves float32's normal range) the result is 0, so e^-inf = 0. */
+static inline v8 exp8(v8 x) {
+    const v8 low = v8splat(-87.3f);
+    v8i under = x < low;
+    x = (v8)((v8i)x & ~under) + (v8)((v8i)low & under);
+    const v8 magic = v8splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to the nearest integer */
+    v8 n = (x * v8splat(1.44269504088896341f) + magic) - magic;
+    v8 r = x - n * v8splat(0.693359375f) - n * v8splat(-2.12194440e-4f);
+    v8 p = v8splat(1.9875691500e-4f);
+    p = p * r + v8splat(1.3981999507e-3f);
+    p = p * r + v8splat(8.3334519073e-3f);
+    p = p * r + v8splat(4.1665795894e-2f);
+    p = p * r + v8splat(1.6666665459e-1f);
+    p = p * r + v8splat(5.0000001201e-1f);
+    p = p * r * r + r + v8splat(1.0f);
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return (v8)((v8i)(p * (v8)bits) & ~under);
+}
+
 static void attend_head(const float *queries, const float *keys, const float *values, long group, long head_dim,
                         long len, float *out, float *scores) {
-    long chunks = head_dim / 8;
-    for (long j = 0; j < len; j++) {
-        const float *k = keys + j * head_dim;
-        for (long g = 0; g < group; g++) {
-            const float *qg = queries + g * head_dim;
-            v8 acc = {0};
-            for (long c = 0; c < chunks; c++) acc += load8(qg + 8 * c) * load8(k + 8 * c);
-            scores[g * len + j] = lane_sum(acc);
-        }
-    }
+    long chunks = head_dim / 8, stride = (len + 7) & ~7L;
+    long j = 0;
+    for (; j + 8 <= len; j += 8) score_block(queries, keys + j * head_dim, group, head_dim, stride, scores + j);
+    for (; j < len; j++) score_one(queries, keys + j * head_dim, group, head_dim, stride, scores + j);
     for (long g = 0; g < group; g++) {
-        float *s = scores + g * len;
-        float top = -INFINITY, total = 0.f;
-        for (long j = 0; j < len; j++) top = s[j] > top ? s[j] : top;
-        for (long j = 0; j < len; j++) {
-            s[j] = expf(s[j] - top);
-            total += s[j];
+        float *s = scores + g * stride;
+        for (long i = len; i < stride; i++) s[i] = -INFINITY; /* the last block's padding: e^-inf = 0 */
+        float top = -INFINITY;
+        for (long i = 0; i < len; i++) top = s[i] > top ? s[i] : top;
+        v8 sum = {0};
+        for (long i = 0; i < stride; i += 8) {
+            v8 e = exp8(load8(s + i) - v8splat(top));
+            memcpy(s + i, &e, sizeof e);
+            sum += e;
         }
-        float inverse = 1.f / total;
-        for (long j = 0; j < len; j++) s[j] *= inverse;
+        float inverse = 1.f / lane_sum(sum);
+        for (long i = 0; i < len; i++) s[i] *= inverse;
     }
-    v8 acc[MAX_GROUP_DIM / 8];
-    for (long i = 0; i < group * chunks; i++) acc[i] = (v8){0};
-    for (long j = 0; j < len; j++) {
-        const float *v = values + j * head_dim;
-        for (long c = 0; c < chunks; c++) {
-            v8 vc = load8(v + 8 * c);
-            for (long g = 0; g < group; g++) acc[g * chunks + c] += scores[g * len + j] * vc;
+    /* out = scores @ values: each output chunk sums over the keys in order, 8 chunks (one 64-wide head) at a
+     * time so that 8 sums proceed side by side. */
+    for (long g = 0; g < group; g++) {
+        const float *s = scores + g * stride;
+        float *o = out + g * head_dim;
+        long c = 0;
+        for (; c + 8 <= chunks; c += 8) {
+            v8 acc[8] = {{0}};
+            for (long k = 0; k < len; k++) {
+                const float *v = values + k * head_dim + 8 * c;
+                v8 w = v8splat(s[k]);
+                for (int i = 0; i < 8; i++) acc[i] += w * load8(v + 8 * i);
+            }
+            memcpy(o + 8 * c, acc, sizeof acc);
+        }
+        for (; c < chunks; c++) {
+            v8 acc = {0};
+            for (long k = 0; k < len; k++) acc += v8splat(s[k]) * load8(values + k * head_dim + 8 * c);
+            memcpy(o + 8 * c, &acc, sizeof acc);
         }
     }
-    memcpy(out, acc, (size_t)(group * head_dim) * sizeof(float));
 }
 
 void agl_decode_attention(long rows, long kv_heads, long group, long head_dim, long layer, const float *q,

@@ -8,7 +8,8 @@ It reads the weights of the loaded Hugging Face model and computes the same func
   attention reads exactly a row's own positions, and a finished sequence's cache serves the next prompt that starts
   the same way (an agent's next turn) without recomputing it;
 - a decode step's attention runs as one small compiled C function per layer (`attention_kernel.py`), every row
-  over its own keys, where the system has a C compiler, else row by row in torch;
+  of up to `KERNEL_LONGEST` keys over its own keys, where the system has a C compiler; other rows attend row by
+  row in torch;
 - a decode step runs in TorchScript where the products are oneDNN's (`scripted.py`): the same operations without
   Python's dispatch per operation, and with the GIL free for the server's event loop meanwhile.
 
@@ -28,13 +29,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .attention_kernel import Attend, DecodeAttention
+from .attention_kernel import DecodeAttention, KernelStep
 from .attention_kernel import load as load_attention_kernel
 from .linear import PackedLinear, Precision
 from .prefix_cache import PrefixCache, SeqKV
-from .scripted import attend_rows, compile_decode, flatten, rotate
+from .scripted import attend_step, compile_decode, flatten, rotate
 
 _FAMILIES = {"llama", "mistral", "qwen2"}
+# Rows with more keys than this attend in torch, whose products spread a row over every thread, rather than in the
+# single-threaded kernel: past a few hundred keys reading them is what costs, and one core reads them slower than
+# two (README, Benchmarks). Each row's own length decides, so a row's result never depends on its batch.
+KERNEL_LONGEST = 192
 _ROPE_TYPES = {"default", "linear", "llama3"}
 
 
@@ -198,11 +203,14 @@ class LlamaRunner:
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
         kvs = [seq.kv for seq in seqs]
         kernel = self._attention_kernel()
-        attend = None if kernel is None else kernel.for_step(kvs, positions, self.heads, self.kv_heads, self.head_dim)
+        attend = None if kernel is None else kernel.for_step(kvs, positions, self.heads, self.kv_heads, self.head_dim,
+                                                             KERNEL_LONGEST)
         step = self._compiled_step()
         if step is not None:
-            logits = step(x, cos, sin, kvs, positions, self._flat, self.heads, self.kv_heads, self.head_dim,
-                          self.eps, attend)
+            norms, weights, biases, modes = self._flat
+            logits = step(x, cos, sin, kvs, positions, norms, weights, biases, modes, self.heads, self.kv_heads,
+                          self.head_dim, self.eps, None if attend is None else attend.tensors,
+                          [] if attend is None else attend.rows)
         else:
             for index, layer in enumerate(layers):
                 q, kv = self._qkv(layer, x, cos, sin)
@@ -230,14 +238,13 @@ class LlamaRunner:
 
     def _decode_attention(
         self, index: int, seqs: list[SeqKV], positions: list[int], q: torch.Tensor, kv: torch.Tensor,
-        attend: Attend | None,
+        attend: KernelStep | None,
     ) -> torch.Tensor:
         """Store each row's new key and value in layer `index`'s cache and attend its one query over its own keys
         (the compiled kernel where it is built, else row by row in torch)."""
         q = q * self.head_dim**-0.5
-        if attend is not None:
-            return attend(index, q, kv)
-        return attend_rows(q, kv, [seq.kv for seq in seqs], positions, index, self.kv_heads)
+        return attend_step(q, kv, [seq.kv for seq in seqs], positions, index, self.kv_heads,
+                           None if attend is None else attend.tensors, [] if attend is None else attend.rows)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [rows, heads, dim] and new keys and values [rows, 2, kv_heads, dim], rotary embeddings applied."""

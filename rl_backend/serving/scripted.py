@@ -3,8 +3,8 @@
 At 8 sequences a decode step of a 30-layer model makes about 2,000 small torch calls (per-row attention, norms,
 rotary embeddings, residuals). From Python each call pays the interpreter's dispatch and a GIL hand-over, and the
 server's event loop, which streams the tokens on another thread, takes the GIL between them. Scripted, the step
-runs in TorchScript's interpreter with the GIL released (whole, or layer by layer around the compiled attention of
-attention_kernel.py, which TorchScript cannot call): the same aten operations in the same order
+runs whole in TorchScript's interpreter with the GIL released but for the compiled attention's call
+(attention_kernel.py, registered as the operator `agl::decode_attention`): the same aten operations in the same order
 (TorchScript fuses nothing on a CPU unless told to, and `compile_decode` declines when it was), so every row's token
 ids and logprobs are bit for bit those of the Python step, alone or batched (tests/test_engine.py checks both).
 
@@ -25,11 +25,27 @@ from typing import Any, List, Optional, Tuple, Union  # noqa: UP035 - TorchScrip
 
 import torch
 
+from .attention_kernel import register_operator
+
 log = logging.getLogger(__name__)
 
 # How a product treats its input and output (`PackedLinear.mode`): float32; bfloat16 weights packed for the CPU's
 # bfloat16 kernel; bfloat16-rounded weights in the float32 kernel (CPUs without bfloat16 kernels, see linear.py).
 FLOAT32, BF16_NATIVE, BF16_EMULATED = 0, 1, 2
+
+
+# The most rows one bfloat16 product computes (see `onednn_linear`, which spells it out for TorchScript).
+BF16_ROWS_PER_PRODUCT = 32
+
+
+def _rows_product(
+    x: torch.Tensor, weight: torch.Tensor, no_scalars: List[Optional[Union[int, float, complex]]],  # noqa: UP006,UP007,UP045
+) -> torch.Tensor:
+    if x.shape[0] == 1:
+        # oneDNN computes a lone row with another kernel (different float32 rounding); as a pair it is computed
+        # exactly as inside any larger batch.
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), weight, None, "none", no_scalars, "")[:1]
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", no_scalars, "")
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], mode: int) -> torch.Tensor:  # noqa: UP045
@@ -39,12 +55,14 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         x = x.to(torch.bfloat16)
     elif mode == 2:  # BF16_EMULATED
         x = x.to(torch.bfloat16).float()
-    if x.shape[0] == 1:
-        # oneDNN computes a lone row with another kernel (different float32 rounding); as a pair it is computed
-        # exactly as inside any larger batch.
-        y = torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), weight, None, "none", no_scalars, "")[:1]
+    if mode == 1 and x.shape[0] > 32:  # BF16_ROWS_PER_PRODUCT
+        # Past 32 rows oneDNN's bfloat16 products switch kernels on CPUs with AMX tiles (Sapphire Rapids and later),
+        # which round a row differently from the same row in a smaller batch: products of at most 32 rows keep every
+        # row's bits whatever the batch holds.
+        chunks = [_rows_product(part, weight, no_scalars) for part in x.split(32)]
+        y = torch.cat(chunks)
     else:
-        y = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", no_scalars, "")
+        y = _rows_product(x, weight, no_scalars)
     if mode == 2:  # BF16_EMULATED
         y = y.to(torch.bfloat16)
     y = y.float()
@@ -92,6 +110,31 @@ def attend_rows(
     return torch.cat(outs) if rows > 1 else outs[0]
 
 
+def attend_step(
+    q: torch.Tensor, kv: torch.Tensor, kvs: List[torch.Tensor], positions: List[int], layer: int, kv_heads: int,  # noqa: UP006
+    kernel: Optional[List[torch.Tensor]], kernel_rows: List[int],  # noqa: UP006,UP045
+) -> torch.Tensor:
+    """A decode step's attention for one layer: the rows in `kernel_rows` by the compiled kernel (the operator
+    `agl::decode_attention`, with `kernel` its `KernelStep.tensors`), the others row by row in torch."""
+    rows = q.shape[0]
+    if kernel is None:
+        return attend_rows(q, kv, kvs, positions, layer, kv_heads)
+    if len(kernel_rows) == rows:
+        return torch.ops.agl.decode_attention(q, kv, kernel[0], kernel[1], kernel[2], kernel[3], layer, kv_heads)
+    out = torch.empty(rows, q.shape[1] * q.shape[2], dtype=q.dtype)
+    chosen = torch.tensor(kernel_rows, dtype=torch.long)
+    out[chosen] = torch.ops.agl.decode_attention(q[chosen], kv[chosen], kernel[0], kernel[1], kernel[2], kernel[3],
+                                                 layer, kv_heads)
+    others: List[int] = []  # noqa: UP006
+    for row in range(rows):
+        if row not in kernel_rows:
+            others.append(row)
+    rest = torch.tensor(others, dtype=torch.long)
+    out[rest] = attend_rows(q[rest], kv[rest], [kvs[r] for r in others], [positions[r] for r in others], layer,
+                            kv_heads)
+    return out
+
+
 def finish_layer(
     x: torch.Tensor, attention: torch.Tensor, norm: torch.Tensor, weights: List[torch.Tensor],  # noqa: UP006
     biases: List[Optional[torch.Tensor]], modes: List[int], eps: float,  # noqa: UP006,UP045
@@ -124,61 +167,37 @@ def decode_layers(
     kv_heads: int,
     head_dim: int,
     eps: float,
+    kernel: Optional[List[torch.Tensor]],  # noqa: UP006,UP045
+    kernel_rows: List[int],  # noqa: UP006
 ) -> torch.Tensor:
-    """Every layer of one decode step, attending row by row, and the final norm and vocabulary head: the logits,
-    one row per sequence (where the attention kernel is not built; `DecodePieces.step` is the same with it).
+    """Every layer of one decode step and the final norm and vocabulary head: the logits, one row per sequence.
 
     Per layer, `norms` holds two vectors (before attention, before the MLP) and `weights`/`biases`/`modes` four
     products (q/k/v, output, gate/up, down); the last norm and product are the model's final norm and head. `kvs`
     holds each row's cache [layers, 2, kv_heads, capacity, head_dim]; row r's new position is `positions[r]`.
-    The same operations as `LlamaRunner`'s Python step, in the same order."""
+    `kernel` and `kernel_rows` say which rows the compiled attention attends (`attend_step`). The same operations
+    as `LlamaRunner`'s Python step, in the same order."""
     for index in range(len(norms) // 2):
         p = 4 * index
         q, kv = attention_inputs(x, cos, sin, norms[2 * index], weights[p], biases[p], modes[p], heads, kv_heads,
                                  head_dim, eps)
-        attention = attend_rows(q, kv, kvs, positions, index, kv_heads)
+        attention = attend_step(q, kv, kvs, positions, index, kv_heads, kernel, kernel_rows)
         x = finish_layer(x, attention, norms[2 * index + 1], weights[p + 1 : p + 4], biases[p + 1 : p + 4],
                          modes[p + 1 : p + 4], eps)
     return final_logits(x, norms[-1], weights[-1], biases[-1], modes[-1], eps)
 
 
-class DecodeStep:
-    """The scripted decode step: whole, attending row by row (`decode_layers`), or layer by layer around a
-    compiled attention (attention_kernel.py), which TorchScript cannot call. Same numbers as the Python step."""
-
-    def __init__(self) -> None:
-        self.whole = torch.jit.script(decode_layers)
-        self.inputs = torch.jit.script(attention_inputs)
-        self.finish = torch.jit.script(finish_layer)
-        self.logits = torch.jit.script(final_logits)
-
-    def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kvs: list[torch.Tensor], positions: list[int],
-        flat: tuple[list[Any], ...], heads: int, kv_heads: int, head_dim: int, eps: float,
-        attend: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None,
-    ) -> torch.Tensor:
-        norms, weights, biases, modes = flat
-        if attend is None:
-            return self.whole(x, cos, sin, kvs, positions, norms, weights, biases, modes, heads, kv_heads, head_dim, eps)
-        for index in range(len(norms) // 2):
-            p = 4 * index
-            q, kv = self.inputs(x, cos, sin, norms[2 * index], weights[p], biases[p], modes[p], heads, kv_heads,
-                                head_dim, eps)
-            x = self.finish(x, attend(index, q, kv), norms[2 * index + 1], weights[p + 1 : p + 4],
-                            biases[p + 1 : p + 4], modes[p + 1 : p + 4], eps)
-        return self.logits(x, norms[-1], weights[-1], biases[-1], modes[-1], eps)
-
-
-def compile_decode() -> DecodeStep | None:
-    """The decode step scripted, or None (with the reason logged) where TorchScript cannot compile it."""
+def compile_decode() -> Callable[..., torch.Tensor] | None:
+    """`decode_layers` scripted, or None (with the reason logged) where TorchScript cannot compile it."""
     if torch._C._jit_can_fuse_on_cpu():
         # A fuser allowed on the CPU would merge elementwise ops into kernels of its own, with other rounding.
         log.info("a TorchScript fuser is enabled on the CPU: decode steps stay in Python")
         return None
     try:
+        register_operator()  # the compiled attention's operator must exist for the script to name it
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
-            return DecodeStep()
+            return torch.jit.script(decode_layers)
     except Exception as exc:  # noqa: BLE001 - any compile failure means the Python step, which computes the same
         log.info("TorchScript cannot compile the decode step (%s): decode steps stay in Python", exc)
         return None
