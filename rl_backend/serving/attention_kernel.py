@@ -113,6 +113,8 @@ def register_operator() -> torch.library.Library:
     """`torch.ops.agl.decode_attention`, the kernel as an operator TorchScript can call: the scripted decode step
     then runs whole, returning to Python only for the C call itself (which holds no GIL while it computes)."""
     library = torch.library.Library("agl", "DEF")
+    # (a!)/(b!) mark what the call writes (the caches behind the addresses, the scratch), so that no compiler of
+    # the graph takes the call for a pure function of its inputs.
     library.define(
         "decode_attention(Tensor q, Tensor kv, Tensor(a!) pointers, Tensor capacity, Tensor positions, "
         "Tensor(b!) scores, int layer, int kv_heads) -> Tensor"
