@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -281,3 +282,45 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path, command: str) -> Non
     resumed = run_agl([command, "--resume", run.name, "--json", "--no-report" if command == "eval" else "--quiet"],
                       cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+
+
+CANCEL_DURING_START = '''
+import asyncio, gc, os, sys
+from pathlib import Path
+from rl_backend.rollout.base import RolloutJob
+from rl_backend.rollout.local import LocalController
+
+async def main(turns: int) -> None:
+    controller = LocalController()
+    job = RolloutJob(rollout_id="r", command=sys.argv[1], env=dict(os.environ), cwd=Path.cwd(), rollout_dir=Path.cwd(),
+                     timeout_s=60)
+    task = asyncio.create_task(controller.run(job))
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()  # again, as a run's clean-up cancels every rollout it has
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await controller.close()
+
+for turns in range(8):
+    asyncio.run(main(turns))
+    gc.collect()
+'''
+
+
+def test_a_rollout_cancelled_as_its_process_starts_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Ctrl-C or SIGTERM can land while a grader or agent is being started: the process is ended, and nothing is
+    printed when the loop is gone (no "Event loop is closed", no unretrieved exceptions)."""
+    marker = f"{os.getpid() % 1000}.{time.time_ns() % 10**6}"
+    script = tmp_path / "cancel.py"
+    script.write_text(CANCEL_DURING_START)
+    done = subprocess.run([sys.executable, str(script), f"sleep 7{marker}"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+    left = subprocess.run(["pgrep", "-f", f"sleep 7{marker}"], capture_output=True, text=True)
+    assert left.stdout == "", f"processes left running: {left.stdout}"

@@ -166,7 +166,12 @@ class EvalRunner:
 
         tasks = [asyncio.create_task(one(item, attempt)) for item, attempt in todo]
         try:
-            await asyncio.gather(*tasks)
+            # Not gather: cancelled (Ctrl-C, SIGTERM), its future would end with an exception nobody retrieves,
+            # which asyncio prints as a traceback on the way out.
+            if tasks:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
         finally:
             for task in tasks:
                 task.cancel()

@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import time
+from typing import Any
 
 from rl_backend.rollout import procs
 from rl_backend.rollout.base import ProcessResult, RolloutJob
@@ -70,7 +71,7 @@ class LocalController:
     async def run(self, job: RolloutJob) -> ProcessResult:
         started = time.monotonic()
         tag = f"{job.rollout_id}.{secrets.token_hex(8)}"
-        proc = await asyncio.create_subprocess_shell(
+        creating = asyncio.ensure_future(asyncio.create_subprocess_shell(
             procs.exec_form(job.command),
             cwd=str(job.cwd),
             env={**job.env, procs.TAG_ENV: tag},
@@ -79,7 +80,19 @@ class LocalController:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
             preexec_fn=procs.parent_death_signal(os.getpid()),
-        )
+        ))
+        try:
+            proc = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            # Cancelled while the process was starting (a run interrupted as a grader starts): it is forked by now,
+            # so wait the moment it takes to have it, then end it like any cancelled rollout. Left to asyncio, the
+            # half-made transport would be collected after the loop closed ("Event loop is closed" on stderr).
+            await _settle(creating)
+            if not creating.cancelled() and creating.exception() is None:
+                started_proc = creating.result()
+                await _settle(asyncio.ensure_future(self._stop(started_proc, tag, procs.start_ticks(started_proc.pid))))
+                _close_pipes(started_proc)
+            raise
         ticks = procs.start_ticks(proc.pid)
         self.reaper.register(proc.pid, tag, ticks)
         try:
@@ -90,6 +103,8 @@ class LocalController:
             raise
         out, err = _Tail(self.tail_bytes), _Tail(self.tail_bytes)
         readers = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+        # Cancelled readers end with an exception nobody awaits; asyncio would print it as "never retrieved".
+        readers.add_done_callback(_consume)
         timed_out = False
         try:
             await asyncio.wait_for(_exited(proc), timeout=job.timeout_s)
@@ -130,6 +145,19 @@ class LocalController:
             await asyncio.wait_for(_exited(proc), timeout=KILL_GRACE_S)
         self._end_all(proc, tag, ticks)
         await _exited(proc)
+
+
+async def _settle(future: asyncio.Future[Any]) -> None:
+    """Until `future` is done, through further cancellations of the caller (they are re-raised by the caller's own
+    `raise`): what it waits for takes moments, and stopping half way would leave a process behind."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([future])
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _close_pipes(proc: asyncio.subprocess.Process) -> None:
