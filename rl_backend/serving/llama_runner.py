@@ -214,7 +214,7 @@ class LlamaRunner:
         else:
             for index, layer in enumerate(layers):
                 q, kv = self._qkv(layer, x, cos, sin)
-                x = self._finish_layer(layer, x, self._decode_attention(index, seqs, positions, q, kv, attend))
+                x = self._finish_layer(layer, x, self._decode_attention(index, kvs, positions, q, kv, attend))
             logits = self._logits(x)
         for seq, token in zip(seqs, tokens, strict=True):
             seq.tokens.append(token)
@@ -237,13 +237,13 @@ class LlamaRunner:
         return self._scripted_step or None
 
     def _decode_attention(
-        self, index: int, seqs: list[SeqKV], positions: list[int], q: torch.Tensor, kv: torch.Tensor,
+        self, index: int, kvs: list[torch.Tensor], positions: list[int], q: torch.Tensor, kv: torch.Tensor,
         attend: KernelStep | None,
     ) -> torch.Tensor:
         """Store each row's new key and value in layer `index`'s cache and attend its one query over its own keys
         (the compiled kernel where it is built, else row by row in torch)."""
         q = q * self.head_dim**-0.5
-        return attend_step(q, kv, [seq.kv for seq in seqs], positions, index, self.kv_heads,
+        return attend_step(q, kv, kvs, positions, index, self.kv_heads,
                            None if attend is None else attend.tensors, [] if attend is None else attend.rows)
 
     def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

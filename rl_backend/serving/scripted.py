@@ -34,10 +34,6 @@ log = logging.getLogger(__name__)
 FLOAT32, BF16_NATIVE, BF16_EMULATED = 0, 1, 2
 
 
-# The most rows one bfloat16 product computes (see `onednn_linear`, which spells it out for TorchScript).
-BF16_ROWS_PER_PRODUCT = 32
-
-
 def _rows_product(
     x: torch.Tensor, weight: torch.Tensor, no_scalars: List[Optional[Union[int, float, complex]]],  # noqa: UP006,UP007,UP045
 ) -> torch.Tensor:
@@ -55,7 +51,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         x = x.to(torch.bfloat16)
     elif mode == 2:  # BF16_EMULATED
         x = x.to(torch.bfloat16).float()
-    if mode == 1 and x.shape[0] > 32:  # BF16_ROWS_PER_PRODUCT
+    if mode == 1 and x.shape[0] > 32:  # a literal: TorchScript reads no module-level ints
         # Past 32 rows oneDNN's bfloat16 products switch kernels on CPUs with AMX tiles (Sapphire Rapids and later),
         # which round a row differently from the same row in a smaller batch: products of at most 32 rows keep every
         # row's bits whatever the batch holds.
