@@ -163,3 +163,12 @@ def test_the_result_cache_reads_other_runs_without_changing_them(tmp_path: Path)
     check = sqlite3.connect(run.store_path)
     assert check.execute("PRAGMA user_version").fetchone()[0] == 1
     check.close()
+
+
+def test_runs_started_in_the_same_second_are_listed_in_the_order_they_were_created(tmp_path: Path) -> None:
+    """An id names its second: the random end of two ids from the same second says nothing of which came first."""
+    make_run(tmp_path, "20261203-153550-c90a", kind="eval", created_at=1000.2)
+    make_run(tmp_path, "20261203-153550-3821", kind="eval", created_at=1000.7)
+    make_run(tmp_path, "20261203-153549-ffff", kind="eval", created_at=999.9)
+    names = [r.run.path.name for r in RunsIndex.scan(tmp_path).select()]
+    assert names == ["20261203-153549-ffff", "20261203-153550-c90a", "20261203-153550-3821"]

@@ -222,6 +222,9 @@ class RunsIndex:
                 index.runs.append(IndexedRun(RunDir(folder), RunDir(folder).manifest()))
             except UsageError as exc:
                 index.skipped.append(SkippedRun(folder, exc.message))
+        # Oldest first: an id names its second, so runs started within the same second are ordered by their
+        # manifests' creation times, not by the random end of their ids.
+        index.runs.sort(key=lambda r: (r.run.path.name.rsplit("-", 1)[0], r.created_at, r.run.path.name))
         return index
 
     def select(self, *, kind: str | None = None, spec: Path | None = None, agent_version: str | None = None,
