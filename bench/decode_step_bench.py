@@ -1,5 +1,7 @@
 """One decode step of the embedded engine's fast runner at a full batch, straight on the runner (no server), by
-context length: the compiled attention kernel against torch's row-by-row products, scripted and Python steps.
+context length: the compiled kernels (the attention; with C++, also the fused operations between the products and
+float32's panel products) against torch's row-by-row attention, oneDNN's products and torch's operations, scripted
+and Python steps.
 
     python bench/decode_step_bench.py                       # 8 sequences, contexts of about 64, 256 and 1024
     python bench/decode_step_bench.py --rows 4 --contexts 128 2048 --threads 1

@@ -129,7 +129,7 @@ def _hf_worker(threads: int) -> None:
 def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -> None:
     """Serves the embedded server on a free port until stdin closes."""
     from rl_backend.serving import Engine, load_model, start_embedded_server
-    from rl_backend.serving.attention_kernel import ENV as ATTENTION_KERNEL_ENV
+    from rl_backend.serving.decode_kernels import ENV as ATTENTION_KERNEL_ENV
     from rl_backend.serving.runners import SCRIPTED_DECODE_ENV
 
     if option.endswith("-python"):

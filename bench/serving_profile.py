@@ -6,7 +6,8 @@ thread's time into:
 - matmuls: the packed linear products of the layers (q/k/v, output, gate/up, down), and apart from them the
   vocabulary head's (its weight alone is a fifth of the model: read whole every step, whatever the batch);
 - attention: storing each row's new key and value and attending its query over its own cache;
-- other model ops: embeddings, RMS norms, rotary embeddings, residual additions, the SiLU gate;
+- other model ops: embeddings, RMS norms, rotary embeddings, residual additions, the SiLU gate (one compiled
+  operator each where the fused step runs, `scripted.fused_layers`);
 - sampling: log-softmax, argmax/sampling and the chosen logprobs (`choose`);
 - detokenization: the incremental text of each new token (`TextTracker`);
 - engine bookkeeping: the rest of the step (accepting tokens, handing deltas to their streams).
@@ -39,20 +40,27 @@ class _Clock:
     def __init__(self) -> None:
         self.on = False
         self.totals: dict[str, float] = {}
+        self.inside: set[str] = set()  # the parts being timed now
         # Held for a whole step: the last token's sink wakes the caller inside the step, before its time is added.
         self.lock = threading.Lock()
 
-    def wrap(self, owner: Any, name: str, part: str) -> Callable[[], None]:
+    def wrap(self, owner: Any, name: str, part: str, also: Callable[..., str | None] | None = None) -> Callable[[], None]:
+        """Time `owner.name` as `part`, and also as the part `also(*args)` names, if any."""
         original = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.on:
+            if not self.on or part in self.inside:  # a product inside a product is timed once
                 return original(*args, **kwargs)
             start = time.perf_counter()
+            self.inside.add(part)
             try:
                 return original(*args, **kwargs)
             finally:
-                self.totals[part] = self.totals.get(part, 0.0) + time.perf_counter() - start
+                self.inside.discard(part)
+                spent = time.perf_counter() - start
+                for counted in (part, also(*args) if also is not None else None):
+                    if counted is not None:
+                        self.totals[counted] = self.totals.get(counted, 0.0) + spent
 
         setattr(owner, name, timed)
         return lambda: setattr(owner, name, original)
@@ -60,13 +68,18 @@ class _Clock:
 
 @contextmanager
 def _timers(engine: Any, batch: int, clock: _Clock) -> Iterator[None]:
-    from rl_backend.serving import detok, linear
+    from rl_backend.serving import detok, linear, scripted
     from rl_backend.serving import engine as engine_module
 
     runner = engine._runner
+    head_weight = runner._head.packed  # before `_head` is wrapped
     undo = [
         clock.wrap(linear.PackedLinear, "__call__", "matmuls"),
         clock.wrap(runner, "_decode_attention", "attention"),
+        # The fused step (scripted.fused_layers, in Python here) calls the products and the attention directly.
+        clock.wrap(scripted, "packed_product", "matmuls",
+                   lambda x, weight, mode: "head" if weight is head_weight else None),
+        clock.wrap(scripted, "attend_step", "attention"),
         clock.wrap(runner, "decode", "model"),
         clock.wrap(runner, "_head", "head"),
         clock.wrap(engine_module, "choose", "sampling"),

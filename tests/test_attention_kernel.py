@@ -1,11 +1,15 @@
-"""The compiled decode attention (rl_backend/serving/attention_kernel.py): it attends as torch's row-by-row products
+"""The compiled decode attention (rl_backend/serving/decode_kernels.py): it attends as torch's row-by-row products
 do (to float32 rounding) and stores the new keys and values exactly, a row's result does not depend on its batch,
 it is built once per source and CPU, and where it cannot be built agl says why and attends in torch."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,13 +18,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rl_backend.serving import attention_kernel  # noqa: E402
+from rl_backend.serving import decode_kernels  # noqa: E402
 from rl_backend.serving.scripted import attend_rows  # noqa: E402
 
 
 @pytest.fixture()
-def kernel() -> attention_kernel.DecodeAttention:
-    built = attention_kernel.load()
+def kernel() -> decode_kernels.DecodeKernels:
+    built = decode_kernels.load()
     assert built is not None, "the test machine has a C compiler: the kernel must build"
     return built
 
@@ -28,10 +32,10 @@ def kernel() -> attention_kernel.DecodeAttention:
 @pytest.fixture()
 def fresh_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty kernel cache and a forgotten `load()`, put back after (other tests use the real one)."""
-    monkeypatch.setenv(attention_kernel.CACHE_ENV, str(tmp_path / "kernels"))
-    attention_kernel.load.cache_clear()
+    monkeypatch.setenv(decode_kernels.CACHE_ENV, str(tmp_path / "kernels"))
+    decode_kernels.load.cache_clear()
     yield tmp_path / "kernels"
-    attention_kernel.load.cache_clear()
+    decode_kernels.load.cache_clear()
 
 
 def _batch(rows: int, heads: int, kv_heads: int, head_dim: int, layers: int = 3, seed: int = 0) -> dict[str, Any]:
@@ -84,18 +88,18 @@ def test_caches_the_kernel_cannot_read_are_left_to_torch_and_bad_positions_refus
     assert kernel.for_step([c.transpose(3, 4) for c in b["caches"]], b["positions"], 4, 2, 16) is None
     with pytest.raises(ValueError, match="outside the caches' capacities"):
         kernel.for_step(b["caches"], [0, 10_000], 4, 2, 16)
-    assert not attention_kernel.DecodeAttention.supports(4, 2, 12)  # head size not a multiple of 8
+    assert not decode_kernels.DecodeKernels.supports(4, 2, 12)  # head size not a multiple of 8
 
 
 def test_built_once_per_source(fresh_build: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    first = attention_kernel._build()
+    first = decode_kernels._build()
     built_at = first.stat().st_mtime_ns
-    assert first.parent == fresh_build and attention_kernel._build() == first
+    assert first.parent == fresh_build and decode_kernels._build() == first
     assert first.stat().st_mtime_ns == built_at  # loaded from the cache, not rebuilt
     changed = tmp_path / "decode_attention.c"
-    changed.write_text(attention_kernel.SOURCE.read_text() + "\n/* changed */\n")
-    monkeypatch.setattr(attention_kernel, "SOURCE", changed)
-    assert attention_kernel._build() != first
+    changed.write_text(decode_kernels.SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(decode_kernels, "SOURCE", changed)
+    assert decode_kernels._build() != first
 
 
 def _failing_compiler(folder: Path) -> str:
@@ -110,20 +114,96 @@ def test_without_a_working_compiler_agl_says_why_and_attends_in_torch(
     fresh_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
     compiler: str,
 ) -> None:
-    monkeypatch.setenv("CC", "/nowhere/cc" if compiler == "missing" else _failing_compiler(tmp_path))
-    with caplog.at_level(logging.WARNING, logger=attention_kernel.__name__):
-        assert attention_kernel.load() is None
+    for variable, name in (("CXX", "c++"), ("CC", "cc")):
+        monkeypatch.setenv(variable, f"/nowhere/{name}" if compiler == "missing" else _failing_compiler(tmp_path))
+    with caplog.at_level(logging.WARNING, logger=decode_kernels.__name__):
+        assert decode_kernels.load() is None
     said = caplog.text
     assert "attention runs row by row in torch" in said
-    assert ("no C compiler '/nowhere/cc'" in said) if compiler == "missing" else ("error: boom" in said)
+    if compiler == "missing":
+        assert "no C++ compiler '/nowhere/c++'" in said and "no C compiler '/nowhere/cc'" in said
+    else:
+        assert "error: boom" in said
+    assert "apt install g++, or set $CXX or $CC" in said
     assert not any(p.suffix == ".so" for p in fresh_build.glob("*"))  # no partial file left to load later
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "").strip() or "c++") is None, reason="no C++ compiler")
+def test_the_operator_runs_natively_on_every_thread_with_the_bits_of_the_one_thread_call(kernel: Any) -> None:
+    assert kernel.native, "the test machine has a C++ compiler: the operator's kernel must be the native one"
+    b = _batch(6, 9, 3, 64, seed=2)
+    caches = [c.clone() for c in b["caches"]]
+    step = kernel.for_step(caches, b["positions"], 9, 3, 64)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            results.append(step(2, b["q"], b["kv"]))
+    finally:
+        torch.set_num_threads(threads)
+    one_thread = kernel.attend(b["q"], b["kv"], step.tensors, 2, 3)  # through ctypes, on this thread
+    assert all(torch.equal(r, one_thread) for r in results)
+
+
+@pytest.mark.parametrize("path", ["operator", "ctypes"])
+def test_the_kernel_refuses_what_it_cannot_read_and_says_what(kernel: Any, path: str) -> None:
+    if path == "operator" and not kernel.native:
+        pytest.skip("no C++ compiler: the operator is the ctypes path")
+    b = _batch(2, 4, 2, 16)
+    step = kernel.for_step(b["caches"], b["positions"], 4, 2, 16)
+    pointers, capacity, positions = step.tensors
+
+    def attend(q: Any, kv: Any, pointers: Any, capacity: Any, positions: Any, layer: int, kv_heads: int) -> Any:
+        if path == "operator":
+            return torch.ops.agl.decode_attention(q, kv, pointers, capacity, positions, layer, kv_heads)
+        return kernel.attend(q, kv, [pointers, capacity, positions], layer, kv_heads)
+
+    if path == "operator":
+        with pytest.raises(RuntimeError, match="q must be contiguous"):
+            attend(b["q"].transpose(0, 1).contiguous().transpose(0, 1), b["kv"], pointers, capacity, positions, 0, 2)
+    with pytest.raises(RuntimeError, match="q must be a 3-dimensional float32 CPU tensor"):
+        attend(b["q"].double(), b["kv"], pointers, capacity, positions, 0, 2)
+    with pytest.raises(RuntimeError, match="one entry per row of q"):
+        attend(b["q"][:1], b["kv"][:1], pointers, capacity, positions, 0, 2)
+    with pytest.raises(RuntimeError, match="heads must be a multiple of kv_heads"):
+        attend(b["q"], b["kv"], pointers, capacity, positions, 0, 3)
+    with pytest.raises(RuntimeError, match="outside its cache's capacity"):
+        attend(b["q"], b["kv"], pointers, capacity, capacity.clone(), 0, 2)
+    assert all(torch.equal(a, c) for a, c in zip(b["caches"], _batch(2, 4, 2, 16)["caches"], strict=True))
+
+
+def test_without_a_cxx_compiler_the_operator_calls_the_c_build_through_python(tmp_path: Path) -> None:
+    """The C build's path, in a process of its own (the operator's kernel is registered once per process)."""
+    script = (
+        "import logging\n"
+        "import torch\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from rl_backend.serving import decode_kernels\n"
+        "b = __import__('test_attention_kernel')._batch(3, 9, 3, 64, seed=3)\n"
+        "k = decode_kernels.load()\n"
+        "assert k is not None and not k.native, k\n"
+        "step = k.for_step(b['caches'], b['positions'], 9, 3, 64)\n"
+        "torch.save(step(1, b['q'], b['kv']), 'out.pt')\n"
+    )
+    env = {**os.environ, "CXX": "/nowhere/c++", decode_kernels.CACHE_ENV: str(tmp_path / "kernels"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "runs through Python on one thread: it was built as C (no C++ compiler)" in done.stderr
+    b = _batch(3, 9, 3, 64, seed=3)
+    native = decode_kernels.load()
+    assert native is not None
+    want = native.for_step(b["caches"], b["positions"], 9, 3, 64)(1, b["q"], b["kv"])
+    assert torch.equal(torch.load(tmp_path / "out.pt"), want)
+
+
 def test_env_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(attention_kernel.ENV, "0")
-    assert attention_kernel.enabled() is False
-    monkeypatch.setenv(attention_kernel.ENV, "yes")
+    monkeypatch.setenv(decode_kernels.ENV, "0")
+    assert decode_kernels.enabled() is False
+    monkeypatch.setenv(decode_kernels.ENV, "yes")
     with pytest.raises(ValueError, match=r"\$AGL_ATTENTION_KERNEL must be 0 or 1, got 'yes'"):
-        attention_kernel.enabled()
-    monkeypatch.delenv(attention_kernel.ENV)
-    assert attention_kernel.enabled() is True
+        decode_kernels.enabled()
+    monkeypatch.delenv(decode_kernels.ENV)
+    assert decode_kernels.enabled() is True

@@ -304,7 +304,7 @@ def test_a_rows_product_does_not_depend_on_how_many_rows_share_it(precision: str
     from rl_backend.serving.linear import PackedLinear
 
     generator = torch.Generator().manual_seed(0)
-    scripted_linear = torch.jit.script(scripted.onednn_linear)
+    scripted_linear = torch.jit.script(scripted.packed_linear)
     for out_features, in_features in [(960, 576), (576, 1536), (4096, 576)]:
         product = PackedLinear(torch.randn(out_features, in_features, generator=generator) * 0.05, None, precision)  # type: ignore[arg-type]
         x = torch.randn(100, in_features, generator=generator)

@@ -76,13 +76,21 @@ def _stack_check(gpu: bool) -> dict[str, Any]:
 
 
 def _compiler_check() -> dict[str, Any]:
-    # The engine compiles its decode attention with $CC (else cc) on first use; without one it attends in torch.
-    name = os.environ.get("CC", "").strip() or "cc"
-    found = shutil.which(name)
+    # The engine builds its decode attention on first use: as C++ ($CXX, else c++), a torch operator on every
+    # thread; else as C ($CC, else cc), called through Python on one thread; else it attends in torch.
+    cxx = os.environ.get("CXX", "").strip() or "c++"
+    cc = os.environ.get("CC", "").strip() or "cc"
+    found_cxx, found_cc = shutil.which(cxx), shutil.which(cc)
+    if found_cxx:
+        detail = found_cxx
+    elif found_cc:
+        detail = (f"{cxx} not found; {found_cc} builds it as C: the embedded engine's attention runs through Python "
+                  "on one thread (slower, same results)")
+    else:
+        detail = f"neither {cxx} nor {cc} found: the embedded engine attends row by row in torch (slower, same results)"
     return _check(
-        "C compiler (the embedded engine's attention kernel)", found is not None,
-        found or f"{name} not found: the embedded engine attends row by row in torch instead (slower, same results)",
-        "apt-get install -y gcc, or set $CC to a C compiler", required=False,
+        "C++ compiler (the embedded engine's attention kernel)", found_cxx is not None, detail,
+        "apt-get install -y g++, or set $CXX to a C++ compiler", required=False,
     )
 
 

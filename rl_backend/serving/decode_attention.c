@@ -1,20 +1,31 @@
-/* One decode step's attention for one layer, every row of the batch in one call (see attention_kernel.py).
+/* One decode step's attention for one layer, every row of the batch in one call (see decode_kernels.py).
  *
  * Each row stores its new key and value at its position in its own cache, then attends its queries over its own
- * keys. Every row is computed by the same loops in the same order whatever other rows the batch holds, which is
- * what keeps the engine batch invariant; torch's products cannot promise that for rows padded to a common length,
- * and one product per row costs more in fixed overhead than the arithmetic (a third of a decode step at 8 rows).
+ * keys. Every (row, key head) pair is computed by the same loops in the same order, by one thread, whatever other
+ * rows the batch holds and however the pairs are shared among threads: that keeps the engine batch invariant;
+ * torch's products cannot promise that for rows padded to a common length, and one product per row costs more in
+ * fixed overhead than the arithmetic (a third of a decode step at 8 rows).
  *
  * Layouts (float32, contiguous):
  *   q       [rows, kv_heads, group, head_dim]   queries, already scaled by 1/sqrt(head_dim)
  *   kv      [rows, 2, kv_heads, head_dim]       this step's keys and values
  *   caches  per row: [layers, 2, kv_heads, capacity[row], head_dim]
  *   out     [rows, kv_heads, group, head_dim]
- *   scores  scratch of group * (max position + 1 rounded up to a multiple of 8) floats
  * head_dim is a multiple of 8 (the caller checks).
+ *
+ * Built alone as C, `agl_decode_attention` is called through ctypes on one thread. decode_ops.cpp includes this
+ * file and makes it, with the operations between a decode step's products, torch operators.
  */
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#ifdef __cplusplus
+#define EXTERN_C extern "C"
+#else
+#define EXTERN_C
+#endif
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
@@ -126,19 +137,37 @@ static void attend_head(const float *queries, const float *keys, const float *va
     }
 }
 
-void agl_decode_attention(long rows, long kv_heads, long group, long head_dim, long layer, const float *q,
-                          const float *kv, float *const *caches, const long *capacity, const long *positions,
-                          float *out, float *scores) {
-    long head = head_dim, span = group * head_dim;
-    for (long r = 0; r < rows; r++) {
-        long n = positions[r], cap = capacity[r];
-        float *base = caches[r] + layer * 2 * kv_heads * cap * head;
-        for (long h = 0; h < kv_heads; h++) {
-            float *keys = base + h * cap * head, *values = base + (kv_heads + h) * cap * head;
-            memcpy(keys + n * head, kv + (r * 2 * kv_heads + h) * head, (size_t)head * sizeof(float));
-            memcpy(values + n * head, kv + ((r * 2 + 1) * kv_heads + h) * head, (size_t)head * sizeof(float));
-            long at = (r * kv_heads + h) * span;
-            attend_head(q + at, keys, values, group, head_dim, n + 1, out + at, scores);
-        }
+/* The pair (row * kv_heads + head) at place k of `count`: the first, the last, the second, the one before last...
+ * Threads take places in contiguous ranges, and the batch's rows are often in order of length: so each range holds
+ * short and long rows alike. Which thread computes a pair changes nothing in it. */
+static inline long pair_at(long k, long count) { return k % 2 == 0 ? k / 2 : count - 1 - k / 2; }
+
+/* The pairs at places [begin, end) of `count` (see pair_at). */
+static void attend_pairs(long begin, long end, long count, long kv_heads, long group, long head_dim, long layer,
+                         const float *q, const float *kv, float *const *caches, const long *capacity,
+                         const long *positions, float *out) {
+    long head = head_dim, span = group * head_dim, longest = 0;
+    for (long k = begin; k < end; k++) {
+        long n = positions[pair_at(k, count) / kv_heads];
+        longest = n > longest ? n : longest;
     }
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(group * ((longest + 8) / 8 * 8)));
+    if (scores == NULL) abort(); /* a few kilobytes */
+    for (long k = begin; k < end; k++) {
+        long i = pair_at(k, count);
+        long r = i / kv_heads, h = i % kv_heads, n = positions[r], cap = capacity[r];
+        float *base = caches[r] + layer * 2 * kv_heads * cap * head;
+        float *keys = base + h * cap * head, *values = base + (kv_heads + h) * cap * head;
+        memcpy(keys + n * head, kv + (r * 2 * kv_heads + h) * head, (size_t)head * sizeof(float));
+        memcpy(values + n * head, kv + ((r * 2 + 1) * kv_heads + h) * head, (size_t)head * sizeof(float));
+        attend_head(q + i * span, keys, values, group, head_dim, n + 1, out + i * span, scores);
+    }
+    free(scores);
+}
+
+EXTERN_C void agl_decode_attention(long rows, long kv_heads, long group, long head_dim, long layer, const float *q,
+                                   const float *kv, float *const *caches, const long *capacity, const long *positions,
+                                   float *out) {
+    attend_pairs(0, rows * kv_heads, rows * kv_heads, kv_heads, group, head_dim, layer, q, kv, caches, capacity,
+                 positions, out);
 }

@@ -1,9 +1,12 @@
 """Matrix products for the fast runner, in one of three precisions, with weights packed once for the CPU's kernel.
 
-- `float32` (the default on CPU): oneDNN's linear with its weight reordered ahead of time. On the x86 CPUs tested
-  it is about twice as fast as the default BLAS path at 8 rows, and a row's result does not depend on how many
-  other rows share the product or on the thread count (bit for bit; a single row goes through a different kernel,
-  so one row is computed as two). That is what makes the engine batch invariant.
+- `float32` (the default on CPU): where the compiled kernels were built with C++ (decode_kernels.py), the weight
+  packed in panels for `agl::panel_product`: every output one chain of multiply-adds in a fixed order, so a row's
+  result cannot depend on its batch, and at a decode step's few rows it reads the weights about 1.4 times as fast
+  as oneDNN. Otherwise oneDNN's linear with its weight reordered ahead of time: on the x86 CPUs tested about twice
+  as fast as the default BLAS path at 8 rows, and a row's result does not depend on how many other rows share the
+  product or on the thread count (bit for bit; a single row goes through a different kernel, so one row is computed
+  as two). That is what makes the engine batch invariant.
 - `bfloat16`: the same with weights and inputs rounded to bfloat16 (fp32 accumulation, fp32 everywhere else). Also
   batch invariant and about twice as fast again, but its logprobs differ from the float32 model the trainer
   trains (by about 1e-2), so it is meant for evaluation, not for serving a training run. oneDNN's bfloat16
@@ -27,7 +30,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from .scripted import BF16_EMULATED, BF16_NATIVE, FLOAT32, onednn_linear
+from .decode_kernels import pack_panels
+from .scripted import BF16_EMULATED, BF16_NATIVE, FLOAT32, FLOAT32_PANELS, packed_linear
 
 Precision = Literal["float32", "bfloat16", "int8-dynamic"]
 PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16", "int8-dynamic")
@@ -57,10 +61,13 @@ def bf16_native() -> bool:
 class PackedLinear:
     """y = x @ W.T (+ b) for a fixed W; `x` and `y` are float32 whatever the precision.
 
-    On oneDNN, `packed`, `bias` and `mode` are what `scripted.onednn_linear` computes with (`mode` is None
-    elsewhere), so the scripted decode step runs the same product."""
+    On oneDNN or in panels, `packed`, `bias` and `mode` are what `scripted.packed_linear` computes with (`mode` is
+    None elsewhere), so the scripted decode step runs the same product."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, precision: Precision) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, precision: Precision,
+                 panel_width: int = 0) -> None:
+        """`panel_width`: pack float32 weights in panels of that many outputs for the compiled panel product
+        (where it is built; 0 keeps oneDNN's)."""
         self.precision = precision
         self.out_features = int(weight.shape[0])
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -69,6 +76,8 @@ class PackedLinear:
         self.packed: Any
         if precision == "int8-dynamic":
             self.packed = _int8_pack(w.float(), self.bias)
+        elif precision == "float32" and panel_width and weight.device.type == "cpu" and self.out_features % panel_width == 0:
+            self.mode, self.packed = FLOAT32_PANELS, pack_panels(w, panel_width)
         elif onednn_available(weight.device):
             if precision == "float32":
                 self.mode, w = FLOAT32, w.float()
@@ -84,7 +93,7 @@ class PackedLinear:
         if self.precision == "int8-dynamic":
             return torch.ops.quantized.linear_dynamic(x, self.packed)
         if self.mode is not None:
-            return onednn_linear(x, self.packed, self.bias, self.mode)
+            return packed_linear(x, self.packed, self.bias, self.mode)
         y = F.linear(x.to(self.packed.dtype), self.packed).float()
         return y if self.bias is None else y + self.bias
 

@@ -7,11 +7,13 @@ It reads the weights of the loaded Hugging Face model and computes the same func
 - each sequence keeps its keys and values in its own buffer (`prefix_cache.py`), so decode appends in place,
   attention reads exactly a row's own positions, and a finished sequence's cache serves the next prompt that starts
   the same way (an agent's next turn) without recomputing it;
-- a decode step's attention runs as one small compiled C function per layer (`attention_kernel.py`), every row
-  of up to `KERNEL_LONGEST` keys over its own keys, where the system has a C compiler; other rows attend row by
-  row in torch;
-- a decode step runs in TorchScript where the products are oneDNN's (`scripted.py`): the same operations without
-  Python's dispatch per operation, and with the GIL free for the server's event loop meanwhile.
+- a decode step's attention runs as one small compiled function per layer (`decode_kernels.py`), every row
+  of up to `KERNEL_LONGEST` keys over its own keys, where the system has a C or C++ compiler; other rows attend
+  row by row in torch;
+- with a C++ compiler, float32 products read weights packed in panels (`agl::panel_product`), and the operations
+  between a decode step's products are one compiled operator each (`scripted.fused_layers`);
+- a decode step runs in TorchScript where the products are oneDNN's or the panels' (`scripted.py`): the same
+  operations without Python's dispatch per operation, and with the GIL free for the server's event loop meanwhile.
 
 Batch invariance: a row's products do not depend on the other rows (see `linear.py`), normalisation and rotary
 embeddings are per row, and attention is computed per row over its own length, so a request's token ids and logprobs
@@ -29,11 +31,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .attention_kernel import DecodeAttention, KernelStep
-from .attention_kernel import load as load_attention_kernel
+from .decode_kernels import DecodeKernels, KernelStep
+from .decode_kernels import load as load_decode_kernels
 from .linear import PackedLinear, Precision
 from .prefix_cache import PrefixCache, SeqKV
-from .scripted import attend_step, compile_decode, flatten, rotate
+from .scripted import attend_step, compile_decode, flatten, fused_layers, rotate
 
 _FAMILIES = {"llama", "mistral", "qwen2"}
 # Rows with more keys than this attend in torch, whose products spread a row over every thread, rather than in the
@@ -105,24 +107,29 @@ class LlamaRunner:
         self._scripted_step: Any = None  # compiled on first use, where possible
         self._flat: tuple[list[Any], ...] = ()
         self._onednn_only = False  # every product oneDNN's, which the scripted step needs (set by refresh)
+        self._fusable = False  # and without biases, at sizes the fused operators take (scripted.fused_layers)
 
     def refresh(self) -> None:
         """Pack the model's current weights (after new weights were loaded) and forget every cached sequence."""
         inner = self.model.model
+        self._embed = inner.embed_tokens.weight.detach().float()
+        kernel = self._attention_kernel()
+        # float32 products in panels where the compiled panel product is built (faster at decode batches, and
+        # batch invariant by construction); oneDNN's otherwise.
+        width = kernel.panel_width if kernel is not None and self.precision == "float32" else 0
         self._layers = [
             _Layer(
                 norm1=layer.input_layernorm.weight.detach().float(),
-                qkv=_fused(self.precision, layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                out=_fused(self.precision, layer.self_attn.o_proj),
+                qkv=_fused(self.precision, width, layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                out=_fused(self.precision, width, layer.self_attn.o_proj),
                 norm2=layer.post_attention_layernorm.weight.detach().float(),
-                gate_up=_fused(self.precision, layer.mlp.gate_proj, layer.mlp.up_proj),
-                down=_fused(self.precision, layer.mlp.down_proj),
+                gate_up=_fused(self.precision, width, layer.mlp.gate_proj, layer.mlp.up_proj),
+                down=_fused(self.precision, width, layer.mlp.down_proj),
             )
             for layer in inner.layers
         ]
-        self._embed = inner.embed_tokens.weight.detach().float()
         self._norm = inner.norm.weight.detach().float()
-        self._head = _fused(self.precision, self.model.lm_head)
+        self._head = _fused(self.precision, width, self.model.lm_head)
         rotary = inner.rotary_emb
         positions = torch.arange(int(self.model.config.max_position_embeddings), dtype=torch.float32)
         # The same products as the Hugging Face rotary module computes, tabulated once.
@@ -132,6 +139,9 @@ class LlamaRunner:
         self._cos, self._sin = angles.cos() * scale, angles.sin() * scale
         self._flat = flatten(self._layers, self._norm, self._head)
         self._onednn_only = all(mode is not None for mode in self._flat[3])
+        hidden, inner_size = int(self._norm.shape[0]), self._layers[0].gate_up.out_features // 2 if self._layers else 0
+        self._fusable = (self._onednn_only and all(bias is None for bias in self._flat[2]) and hidden % 8 == 0
+                         and inner_size % 8 == 0 and self.head_dim % 2 == 0)
         self.cache.clear()
 
     # ---- sequences ---------------------------------------------------------------------------------------------
@@ -205,12 +215,17 @@ class LlamaRunner:
         kernel = self._attention_kernel()
         attend = None if kernel is None else kernel.for_step(kvs, positions, self.heads, self.kv_heads, self.head_dim,
                                                              KERNEL_LONGEST)
+        kernel_tensors, kernel_rows = (None, []) if attend is None else (attend.tensors, attend.rows)
+        # The fused operators come with the native kernel: where it is in use, the steps between products use them.
+        fused = kernel is not None and kernel.native and self._fusable
         step = self._compiled_step()
+        norms, weights, biases, modes = self._flat
         if step is not None:
-            norms, weights, biases, modes = self._flat
             logits = step(x, cos, sin, kvs, positions, norms, weights, biases, modes, self.heads, self.kv_heads,
-                          self.head_dim, self.eps, None if attend is None else attend.tensors,
-                          [] if attend is None else attend.rows)
+                          self.head_dim, self.eps, kernel_tensors, kernel_rows, fused)
+        elif fused:  # the same function, not scripted
+            logits = fused_layers(x, cos, sin, kvs, positions, norms, weights, modes, self.heads, self.kv_heads,
+                                  self.head_dim, self.eps, kernel_tensors, kernel_rows)
         else:
             for index, layer in enumerate(layers):
                 q, kv = self._qkv(layer, x, cos, sin)
@@ -220,13 +235,13 @@ class LlamaRunner:
             seq.tokens.append(token)
         return logits
 
-    def _attention_kernel(self) -> DecodeAttention | None:
+    def _attention_kernel(self) -> DecodeKernels | None:
         """The compiled decode attention when it applies: asked for, built, and the model's heads fit it."""
         if not self.attention_kernel or self._embed.device.type != "cpu":
             return None
-        if not DecodeAttention.supports(self.heads, self.kv_heads, self.head_dim):
+        if not DecodeKernels.supports(self.heads, self.kv_heads, self.head_dim):
             return None
-        return load_attention_kernel()
+        return load_decode_kernels()
 
     def _compiled_step(self) -> Any:
         """The scripted decode step when it applies: asked for, and every product oneDNN's."""
@@ -280,14 +295,14 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: in
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)[:, :, :n]
 
 
-def _fused(precision: Precision, *linears: Any) -> PackedLinear:
+def _fused(precision: Precision, panel_width: int, *linears: Any) -> PackedLinear:
     weight = torch.cat([lin.weight.detach() for lin in linears]) if len(linears) > 1 else linears[0].weight.detach()
     bias = None
     if any(getattr(lin, "bias", None) is not None for lin in linears):
         bias = torch.cat([
             lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.weight.shape[0]) for lin in linears
         ])
-    return PackedLinear(weight, bias, precision)
+    return PackedLinear(weight, bias, precision, panel_width)
 
 
 def _cumulative_ends(lengths: list[int]) -> list[int]:

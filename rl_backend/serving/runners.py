@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from . import attention_kernel
+from . import decode_kernels
 from .hf_runner import HFRunner
 from .linear import PRECISIONS, Precision
 from .llama_runner import LlamaRunner, unsupported_reason
@@ -72,7 +72,7 @@ def make_runner(model: Any, precision: Precision, *, fast: bool | None, cache_mb
         raise ValueError(f"${SCRIPTED_DECODE_ENV} must be 0 or 1, got {scripted!r}")
     return LlamaRunner(
         model, precision=precision, prefix_cache_bytes=prefix_cache_bytes(cache_mb), scripted=scripted == "1",
-        attention_kernel=attention_kernel.enabled(),
+        attention_kernel=decode_kernels.enabled(),
     )
 
 
