@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kernel-longest", type=int, default=None,
-                    help="rows with more keys attend in torch even with the kernel (default: the runner's, 192)")
+                    help="rows with more keys attend in torch even with the kernel (default: the runner's: none for "
+                         "the native operator, 192 for the kernel built as C)")
     args = ap.parse_args()
 
     import torch
@@ -65,7 +66,7 @@ def main() -> None:
     from rl_backend.serving.model_store import load_model
 
     if args.kernel_longest is not None:
-        llama_runner.KERNEL_LONGEST = args.kernel_longest
+        llama_runner.KERNEL_LONGEST = llama_runner.NATIVE_KERNEL_LONGEST = args.kernel_longest
     torch.set_num_threads(args.threads)
     model = load_model("smollm2-135m-instruct").model
     runners = {name: LlamaRunner(model, prefix_cache_bytes=0, **kw) for name, kw in CONFIGS.items()}  # type: ignore[arg-type]
@@ -84,6 +85,7 @@ def main() -> None:
         print(f"{context:7d}  " + "  ".join(f"{medians[n][context]:28.1f}" for n in CONFIGS), file=sys.stderr)
     print(json.dumps({"bench": "decode_step", "rows": args.rows, "threads": args.threads, "steps": args.steps,
                       "kernel_longest": llama_runner.KERNEL_LONGEST,
+                      "native_kernel_longest": llama_runner.NATIVE_KERNEL_LONGEST,
                       "rounds": args.rounds, "ms_per_step": medians, "samples": samples}))
 
 

@@ -63,11 +63,13 @@ ATTENTION = ["attention-kernel", "torch-attention", "kernel-for-short-rows"]
 
 def _attention(mode: str, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> bool:
     """Whether the runner gets the kernel; for "kernel-for-short-rows", a row length limit that sends the shortest
-    prompt's row to the kernel, at first, and the others to torch (with SmolLM2, rows past 192 keys go to torch)."""
+    prompt's row to the kernel, at first, and the others to torch (with the kernel built as C, rows past 192 keys go
+    to torch)."""
     if mode == "kernel-for-short-rows":
         limit = sorted(map(len, prompts))[1]  # below it the shortest prompt's row, at first; the others above
         assert 0 < sum(len(p) < limit for p in prompts) < len(prompts)
         monkeypatch.setattr(llama_runner, "KERNEL_LONGEST", limit)
+        monkeypatch.setattr(llama_runner, "NATIVE_KERNEL_LONGEST", limit)
     return mode != "torch-attention"
 
 

@@ -8,8 +8,8 @@ It reads the weights of the loaded Hugging Face model and computes the same func
   attention reads exactly a row's own positions, and a finished sequence's cache serves the next prompt that starts
   the same way (an agent's next turn) without recomputing it;
 - a decode step's attention runs as one small compiled function per layer (`decode_kernels.py`), every row
-  of up to `KERNEL_LONGEST` keys over its own keys, where the system has a C or C++ compiler; other rows attend
-  row by row in torch;
+  over its own keys, where the system has a C or C++ compiler (built as C, rows of up to `KERNEL_LONGEST` keys;
+  longer ones attend row by row in torch);
 - with a C++ compiler, float32 products read weights packed in panels (`agl::panel_product`), and the operations
   between a decode step's products are one compiled operator each (`scripted.fused_layers`);
 - a decode step runs in TorchScript where the products are oneDNN's or the panels' (`scripted.py`): the same
@@ -39,9 +39,12 @@ from .scripted import attend_step, compile_decode, flatten, fused_layers, rotate
 
 _FAMILIES = {"llama", "mistral", "qwen2"}
 # Rows with more keys than this attend in torch, whose products spread a row over every thread, rather than in the
-# single-threaded kernel: past a few hundred keys reading them is what costs, and one core reads them slower than
-# two (README, Benchmarks). Each row's own length decides, so a row's result never depends on its batch.
+# kernel built as C, which runs on one thread: past a few hundred keys reading them is what costs, and one core
+# reads them slower than two (README, Benchmarks). Each row's own length decides, so a row's result never depends on
+# its batch. The native operator (built as C++) shares the rows among the threads and is the faster at any length:
+# NATIVE_KERNEL_LONGEST, None for no limit.
 KERNEL_LONGEST = 192
+NATIVE_KERNEL_LONGEST: int | None = None
 _ROPE_TYPES = {"default", "linear", "llama3"}
 
 
@@ -213,8 +216,9 @@ class LlamaRunner:
         cos, sin = self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
         kvs = [seq.kv for seq in seqs]
         kernel = self._attention_kernel()
+        longest = NATIVE_KERNEL_LONGEST if kernel is not None and kernel.native else KERNEL_LONGEST
         attend = None if kernel is None else kernel.for_step(kvs, positions, self.heads, self.kv_heads, self.head_dim,
-                                                             KERNEL_LONGEST)
+                                                             longest)
         kernel_tensors, kernel_rows = (None, []) if attend is None else (attend.tensors, attend.rows)
         # The fused operators come with the native kernel: where it is in use, the steps between products use them.
         fused = kernel is not None and kernel.native and self._fusable
