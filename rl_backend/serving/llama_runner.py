@@ -109,7 +109,7 @@ class LlamaRunner:
         self.attention_kernel = attention_kernel
         self._scripted_step: Any = None  # compiled on first use, where possible
         self._flat: tuple[list[Any], ...] = ()
-        self._onednn_only = False  # every product oneDNN's, which the scripted step needs (set by refresh)
+        self._packed_only = False  # every product oneDNN's or the panels', which the scripted step needs (refresh)
         self._fusable = False  # and without biases, at sizes the fused operators take (scripted.fused_layers)
 
     def refresh(self) -> None:
@@ -141,9 +141,9 @@ class LlamaRunner:
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._cos, self._sin = angles.cos() * scale, angles.sin() * scale
         self._flat = flatten(self._layers, self._norm, self._head)
-        self._onednn_only = all(mode is not None for mode in self._flat[3])
+        self._packed_only = all(mode is not None for mode in self._flat[3])
         hidden, inner_size = int(self._norm.shape[0]), self._layers[0].gate_up.out_features // 2 if self._layers else 0
-        self._fusable = (self._onednn_only and all(bias is None for bias in self._flat[2]) and hidden % 8 == 0
+        self._fusable = (self._packed_only and all(bias is None for bias in self._flat[2]) and hidden % 8 == 0
                          and inner_size % 8 == 0 and self.head_dim % 2 == 0)
         self.cache.clear()
 
@@ -248,8 +248,8 @@ class LlamaRunner:
         return load_decode_kernels()
 
     def _compiled_step(self) -> Any:
-        """The scripted decode step when it applies: asked for, and every product oneDNN's."""
-        if not self.scripted or not self._onednn_only:
+        """The scripted decode step when it applies: asked for, and every product oneDNN's or the panels'."""
+        if not self.scripted or not self._packed_only:
             return None
         if self._scripted_step is None:
             self._scripted_step = compile_decode() or False
