@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from agl_cli.main import app
 
-COMPILER = "C++ compiler (the embedded engine's attention kernel)"
+COMPILER = "C++ compiler (the embedded engine's kernels)"
 
 
 def _checks(monkeypatch: pytest.MonkeyPatch, **env: str) -> tuple[int, dict[str, dict[str, object]]]:
@@ -33,7 +33,7 @@ def test_doctor_says_what_a_c_compiler_alone_gives(monkeypatch: pytest.MonkeyPat
     _, checks = _checks(monkeypatch, CXX="no-such-compiler-agl", CC="cc")
     compiler = checks[COMPILER]
     assert not compiler["ok"] and not compiler["required"]
-    assert f"{shutil.which('cc')} builds it as C" in str(compiler["detail"])
+    assert f"{shutil.which('cc')} builds the attention alone as C" in str(compiler["detail"])
     assert "one thread" in str(compiler["detail"]) and "g++" in str(compiler["fix"])
 
 

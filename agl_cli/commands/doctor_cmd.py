@@ -76,20 +76,20 @@ def _stack_check(gpu: bool) -> dict[str, Any]:
 
 
 def _compiler_check() -> dict[str, Any]:
-    # The engine builds its decode attention on first use: as C++ ($CXX, else c++), a torch operator on every
-    # thread; else as C ($CC, else cc), called through Python on one thread; else it attends in torch.
-    cxx = os.environ.get("CXX", "").strip() or "c++"
-    cc = os.environ.get("CC", "").strip() or "cc"
+    from rl_backend.serving.compilers import kernel_compilers
+
+    (_, cxx), (_, cc) = kernel_compilers()
     found_cxx, found_cc = shutil.which(cxx), shutil.which(cc)
     if found_cxx:
         detail = found_cxx
     elif found_cc:
-        detail = (f"{cxx} not found; {found_cc} builds it as C: the embedded engine's attention runs through Python "
-                  "on one thread (slower, same results)")
+        detail = (f"{cxx} not found; {found_cc} builds the attention alone as C: it runs through Python on one "
+                  "thread, and the other kernels are torch's (slower; float32 rounding differs)")
     else:
-        detail = f"neither {cxx} nor {cc} found: the embedded engine attends row by row in torch (slower, same results)"
+        detail = (f"neither {cxx} nor {cc} found: the embedded engine computes with torch's kernels alone (slower; "
+                  "float32 rounding differs)")
     return _check(
-        "C++ compiler (the embedded engine's attention kernel)", found_cxx is not None, detail,
+        "C++ compiler (the embedded engine's kernels)", found_cxx is not None, detail,
         "apt-get install -y g++, or set $CXX to a C++ compiler", required=False,
     )
 

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from .compilers import kernel_compilers
+
 log = logging.getLogger(__name__)
 
 ENV = "AGL_ATTENTION_KERNEL"
@@ -234,8 +236,7 @@ def load() -> DecodeKernels | None:
 
 def _compilers() -> list[tuple[str, str, Path, list[str]]]:
     """(language, compiler, source, flags) in the order tried: the C++ build registers the operators natively."""
-    cxx = os.environ.get("CXX", "").strip() or "c++"
-    cc = os.environ.get("CC", "").strip() or "cc"
+    (_, cxx), (_, cc) = kernel_compilers()
     return [("C++", cxx, OPS_SOURCE, ["-x", "c++"]), ("C", cc, SOURCE, [])]
 
 
