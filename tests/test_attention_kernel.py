@@ -82,6 +82,26 @@ def test_a_rows_result_does_not_depend_on_its_batch(kernel: Any) -> None:
         assert torch.equal(alone[0], together[r])
 
 
+@pytest.mark.parametrize("path", ["operator", "ctypes"])
+def test_a_sequences_next_positions_in_one_call_give_the_bits_of_one_call_each(kernel: Any, path: str) -> None:
+    # A draft being checked (engine.py) feeds one sequence at several consecutive positions in one step: each row
+    # must read the keys the rows before it store, whichever thread attends it, and come out as one token a step.
+    b = _batch(4, 9, 3, 64, seed=3)
+    cache, start = b["caches"][3], b["positions"][3]
+
+    def attend(caches: list[Any], positions: list[int], q: Any, kv: Any) -> Any:
+        step = kernel.for_step(caches, positions, 9, 3, 64)
+        return step(1, q, kv) if path == "operator" else kernel.attend(q, kv, step.tensors, 1, 3)
+
+    together_cache = cache.clone()
+    together = attend([together_cache] * 4, [start + i for i in range(4)], b["q"], b["kv"])
+    one_by_one_cache = cache.clone()
+    for i in range(4):
+        alone = attend([one_by_one_cache], [start + i], b["q"][i : i + 1], b["kv"][i : i + 1])
+        assert torch.equal(alone[0], together[i]), i
+    assert torch.equal(together_cache, one_by_one_cache)
+
+
 def test_caches_the_kernel_cannot_read_are_left_to_torch_and_bad_positions_refused(kernel: Any) -> None:
     b = _batch(2, 4, 2, 16)
     assert kernel.for_step([c.double() for c in b["caches"]], b["positions"], 4, 2, 16) is None

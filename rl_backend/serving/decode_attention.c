@@ -1,7 +1,7 @@
 /* One decode step's attention for one layer, every row of the batch in one call (see decode_kernels.py).
  *
- * Each row stores its new key and value at its position in its own cache, then attends its queries over its own
- * keys. Every (row, key head) pair is computed by the same loops in the same order, by one thread, whatever other
+ * Every row stores its new key and value at its position in its own cache, then each attends its queries over
+ * its own keys. Every (row, key head) pair is computed by the same loops in the same order, by one thread, whatever other
  * rows the batch holds and however the pairs are shared among threads: that keeps the engine batch invariant;
  * torch's products cannot promise that for rows padded to a common length, and one product per row costs more in
  * fixed overhead than the arithmetic (a third of a decode step at 8 rows).
@@ -142,10 +142,26 @@ static void attend_head(const float *queries, const float *keys, const float *va
  * short and long rows alike. Which thread computes a pair changes nothing in it. */
 static inline long pair_at(long k, long count) { return k % 2 == 0 ? k / 2 : count - 1 - k / 2; }
 
-/* The pairs at places [begin, end) of `count` (see pair_at). */
+/* Every row's new key and value, stored at its position in its cache before any row attends: a step may hold
+ * several positions of one sequence (a draft being checked, engine.py), and the later ones read the earlier ones'
+ * keys, whichever thread attends them. */
+static void store_rows(long rows, long kv_heads, long head_dim, long layer, const float *kv, float *const *caches,
+                       const long *capacity, const long *positions) {
+    for (long r = 0; r < rows; r++)
+        for (long h = 0; h < kv_heads; h++) {
+            long n = positions[r], cap = capacity[r];
+            float *base = caches[r] + layer * 2 * kv_heads * cap * head_dim;
+            memcpy(base + (h * cap + n) * head_dim, kv + (r * 2 * kv_heads + h) * head_dim,
+                   (size_t)head_dim * sizeof(float));
+            memcpy(base + ((kv_heads + h) * cap + n) * head_dim, kv + ((r * 2 + 1) * kv_heads + h) * head_dim,
+                   (size_t)head_dim * sizeof(float));
+        }
+}
+
+/* The pairs at places [begin, end) of `count` (see pair_at), their keys and values already stored. */
 static void attend_pairs(long begin, long end, long count, long kv_heads, long group, long head_dim, long layer,
-                         const float *q, const float *kv, float *const *caches, const long *capacity,
-                         const long *positions, float *out) {
+                         const float *q, float *const *caches, const long *capacity, const long *positions,
+                         float *out) {
     long head = head_dim, span = group * head_dim, longest = 0;
     for (long k = begin; k < end; k++) {
         long n = positions[pair_at(k, count) / kv_heads];
@@ -158,8 +174,6 @@ static void attend_pairs(long begin, long end, long count, long kv_heads, long g
         long r = i / kv_heads, h = i % kv_heads, n = positions[r], cap = capacity[r];
         float *base = caches[r] + layer * 2 * kv_heads * cap * head;
         float *keys = base + h * cap * head, *values = base + (kv_heads + h) * cap * head;
-        memcpy(keys + n * head, kv + (r * 2 * kv_heads + h) * head, (size_t)head * sizeof(float));
-        memcpy(values + n * head, kv + ((r * 2 + 1) * kv_heads + h) * head, (size_t)head * sizeof(float));
         attend_head(q + i * span, keys, values, group, head_dim, n + 1, out + i * span, scores);
     }
     free(scores);
@@ -168,6 +182,7 @@ static void attend_pairs(long begin, long end, long count, long kv_heads, long g
 EXTERN_C void agl_decode_attention(long rows, long kv_heads, long group, long head_dim, long layer, const float *q,
                                    const float *kv, float *const *caches, const long *capacity, const long *positions,
                                    float *out) {
-    attend_pairs(0, rows * kv_heads, rows * kv_heads, kv_heads, group, head_dim, layer, q, kv, caches, capacity,
-                 positions, out);
+    store_rows(rows, kv_heads, head_dim, layer, kv, caches, capacity, positions);
+    attend_pairs(0, rows * kv_heads, rows * kv_heads, kv_heads, group, head_dim, layer, q, caches, capacity, positions,
+                 out);
 }

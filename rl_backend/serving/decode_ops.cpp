@@ -102,7 +102,7 @@ struct Call {
 
 static void run_pairs(int64_t begin, int64_t end, void *context) {
     const Call *c = (const Call *)context;
-    attend_pairs(begin, end, c->count, c->kv_heads, c->group, c->head_dim, c->layer, c->q, c->kv, c->caches, c->capacity,
+    attend_pairs(begin, end, c->count, c->kv_heads, c->group, c->head_dim, c->layer, c->q, c->caches, c->capacity,
                  c->positions, c->out);
 }
 
@@ -136,6 +136,7 @@ static void decode_attention_kernel(StableIValue *stack, uint64_t arguments, uin
     check(api.get_data_ptr(out, &out_data), "read a data pointer");
     call.out = (float *)out_data;
     call.count = rows * kv_heads, call.kv_heads = kv_heads, call.group = heads / kv_heads, call.head_dim = head_dim, call.layer = layer;
+    store_rows(rows, kv_heads, head_dim, layer, call.kv, call.caches, call.capacity, call.positions);
     if (api.parallel_for(0, rows * kv_heads, 1, run_pairs, &call) != 0) {
         api.delete_tensor(out);
         throw std::runtime_error("agl::decode_attention: torch could not run the pairs on its threads");

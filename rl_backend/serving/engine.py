@@ -10,6 +10,11 @@ forward (`hf_runner.py`) for everything else. Either way a request's token ids a
 other requests shared its steps (bit for bit with the fast runner on the CPUs tested, to about 1e-5 otherwise;
 tests/test_serving.py checks token for token).
 
+Drafts (fast runner): while a step has fewer rows than the products compute for the same price (drafts.py), each
+greedy row also feeds a guess at the tokens after its next one, taken from its own earlier tokens, and keeps the run
+of the guess that greedy decoding confirms: several tokens for one read of the weights. Rows never depend on their
+batch, so every token and logprob is the one a step of one token gives; sampled rows are never drafted.
+
 New weights (`load_state_dict`, `load_weights_from_dir`) are applied between batches: admission pauses, the rows in
 flight finish on the old weights, the weights are swapped, admission resumes. Every output carries the
 `model_version` that produced all of its tokens.
@@ -32,6 +37,8 @@ from typing import Any
 import torch
 
 from .detok import TextTracker
+from .drafts import DRAFT_ROWS, lookup
+from .drafts import enabled as drafts_enabled
 from .handoff import LoopPost
 from .linear import Precision
 from .llama_runner import LlamaRunner
@@ -58,9 +65,12 @@ class Engine:
         precision: Precision = "float32",
         fast: bool | None = None,
         prefix_cache_mb: int | None = None,
+        drafts: bool | None = None,
     ) -> None:
         """`threads` fixes the CPU thread count (default: follow the load, see threads.py); `precision` and `fast`
-        choose the runner (see make_runner); `prefix_cache_mb` bounds the fast runner's reuse of finished requests."""
+        choose the runner (see make_runner); `prefix_cache_mb` bounds the fast runner's reuse of finished requests;
+        `drafts` whether greedy rows check guesses at their next tokens in the same step (drafts.py; default
+        $AGL_DRAFTS, on)."""
         self.loaded = loaded
         self.name = loaded.name
         self.tokenizer = loaded.tokenizer
@@ -71,6 +81,7 @@ class Engine:
         self._version = model_version
         self._threads = ThreadPolicy(threads)
         self._runner = make_runner(self._model, precision, fast=fast, cache_mb=prefix_cache_mb)
+        self._draft = drafts_enabled(drafts) and isinstance(self._runner, LlamaRunner)
         # What the products compute in: the fast runner's precision, else the dtype the model was loaded in.
         self.precision: str = precision if isinstance(self._runner, LlamaRunner) else str(loaded.model.dtype)[6:]
         # The engine thread decodes with its own tokenizer copy: HF fast tokenizers can fail with "Already
@@ -87,7 +98,8 @@ class Engine:
         # A step's deltas, sent together once every row has its token (so one loop wake-up carries them all).
         self._outbox: list[tuple[Sink, Delta]] = []
         self._holding: set[LoopPost] | None = None  # while sending a step's deltas: the loops to wake after
-        self.counters = {"requests": 0, "tokens": 0, "steps": 0, "row_steps": 0}
+        self.counters = {"requests": 0, "tokens": 0, "steps": 0, "row_steps": 0, "draft_tokens": 0,
+                         "confirmed_draft_tokens": 0}
 
     @classmethod
     def from_model(
@@ -402,17 +414,77 @@ class Engine:
             if not self._rows:
                 return
         rows = self._rows
-        logits = self._runner.decode([r.seq for r in rows], [r.last for r in rows])
-        choices = choose(logits, [r.params for r in rows], [r.generator for r in rows])
+        drafts = self._drafts(rows)
+        if drafts is None:
+            logits = self._runner.decode([r.seq for r in rows], [r.last for r in rows])
+            per_row = [[c] for c in choose(logits, [r.params for r in rows], [r.generator for r in rows])]
+        else:
+            lengths = [r.seq.length for r in rows]
+            logits = self._runner.decode([r.seq for r in rows], [r.last for r in rows], drafts)
+            per_row = self._confirmed(rows, drafts, logits)
         self.counters["steps"] += 1
         self.counters["row_steps"] += len(rows)
         try:
-            finished = [r.cancelled or self._accept(r, c) for r, c in zip(rows, choices, strict=True)]
+            # (finished, choices taken): a cancelled row takes none, and keeps the token it was fed
+            outcomes = [(True, 1) if r.cancelled else self._accept_run(r, cs) for r, cs in zip(rows, per_row, strict=True)]
         finally:
             self._send()
+        if drafts is not None:
+            for r, n, (_, taken) in zip(rows, lengths, outcomes, strict=True):
+                # The fed tokens are kept up to the last one whose successor was taken: a draft's wrong guesses
+                # and whatever followed them in the cache are overwritten by the next step.
+                r.seq.truncate(n + taken)
+        finished = [f for f, _ in outcomes]
         if any(finished):
             self._runner.release([r.seq for r, f in zip(rows, finished, strict=True) if f])
             self._rows = [r for r, f in zip(rows, finished, strict=True) if not f]
+
+    def _drafts(self, rows: list[RequestState]) -> list[list[int]] | None:
+        """Each greedy row's guess at the tokens after its next one (drafts.py), within the rows a step computes
+        for the price of one; None where no row has one."""
+        room = DRAFT_ROWS - len(rows)
+        if not self._draft or room <= 0:
+            return None
+        drafts: list[list[int]] = []
+        for r in rows:
+            limit = min(room, r.max_new - r.generated - 1)
+            draft = lookup([*r.seq.tokens, r.last], limit) if r.params.greedy and limit > 0 else []
+            room -= len(draft)
+            drafts.append(draft)
+        return drafts if any(drafts) else None
+
+    def _confirmed(self, rows: list[RequestState], drafts: list[list[int]], logits: torch.Tensor) -> list[list[Choice]]:
+        """Each row's choices after a step that checked drafts: its next token and, while greedy decoding picks
+        the draft's token, the token after each confirmed one. Chosen from the same rows of logits one token per
+        step would have given (a row's result does not depend on its batch), so the same tokens and logprobs."""
+        picked = logits.argmax(dim=-1).tolist()
+        keep: list[int] = []
+        counts: list[int] = []
+        start = 0
+        for draft in drafts:
+            confirmed = 0
+            while confirmed < len(draft) and picked[start + confirmed] == draft[confirmed]:
+                confirmed += 1
+            keep += range(start, start + confirmed + 1)
+            counts.append(confirmed + 1)
+            start += 1 + len(draft)
+        self.counters["draft_tokens"] += sum(len(d) for d in drafts)
+        self.counters["confirmed_draft_tokens"] += len(keep) - len(rows)
+        runs = [r for r, count in zip(rows, counts, strict=True) for _ in range(count)]
+        choices = choose(logits[keep], [r.params for r in runs], [r.generator for r in runs])
+        out: list[list[Choice]] = []
+        for count in counts:
+            out.append(choices[:count])
+            choices = choices[count:]
+        return out
+
+    def _accept_run(self, req: RequestState, choices: list[Choice]) -> tuple[bool, int]:
+        """Accept a row's choices of one step in order, up to the one that finishes the request (those after it
+        were computed past its end); (whether it finished, how many were taken)."""
+        for taken, choice in enumerate(choices, start=1):
+            if self._accept(req, choice):
+                return True, taken
+        return False, len(choices)
 
     def _accept(self, req: RequestState, choice: Choice) -> bool:
         """Record a chosen token and send it on; returns True when the request is finished."""

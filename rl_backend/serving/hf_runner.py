@@ -53,7 +53,9 @@ class HFRunner:
         self._rows += rows
         return rows, torch.cat(logits)
 
-    def decode(self, seqs: list[_Row], tokens: list[int]) -> torch.Tensor:
+    def decode(self, seqs: list[_Row], tokens: list[int], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        if drafts is not None:  # its padded batch computes a row with the others: a draft's rows would not be exact
+            raise ValueError("the Hugging Face runner decodes one token per row; it checks no drafts")
         if seqs != self._rows:
             raise RuntimeError("decode must feed every live row, in the order they joined")
         mask, positions = self._batch.step_inputs()

@@ -205,11 +205,21 @@ class LlamaRunner:
             seq.tokens = list(prompt)
         return seqs, self._logits(x[last])
 
-    def decode(self, seqs: list[SeqKV], tokens: list[int]) -> torch.Tensor:
-        """Feed each sequence its next token; the logits that follow, one row per sequence."""
+    def decode(self, seqs: list[SeqKV], tokens: list[int], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """Feed each sequence its next token, and after it the tokens of `drafts[i]` (guesses at the positions that
+        follow, checked in the same step); the logits after every token fed, one row each, a sequence's rows
+        together and in order. Every token fed is appended to its sequence: the caller truncates what it rejects.
+        A row's result does not depend on the other rows, so a sequence's rows are what as many steps of one
+        token would compute."""
         layers = self._packed()
-        positions = [seq.length for seq in seqs]
-        for seq, n in zip(seqs, positions, strict=True):
+        if drafts is not None:
+            seqs, tokens = ([seq for seq, draft in zip(seqs, drafts, strict=True) for _ in range(1 + len(draft))],
+                            [t for token, draft in zip(tokens, drafts, strict=True) for t in (token, *draft)])
+        positions: list[int] = []
+        for seq in seqs:
+            # A sequence's next row follows its previous one in this step (its tokens are appended after).
+            n = seq.length if not positions or seqs[len(positions) - 1] is not seq else positions[-1] + 1
+            positions.append(n)
             seq.reserve(n + 1)
         pos = torch.tensor(positions, dtype=torch.long)
         x = F.embedding(torch.tensor(tokens, dtype=torch.long), self._embed)

@@ -2,9 +2,10 @@
 
 A runner turns prompts into sequences and sequences into logits: `prefill` starts one sequence per prompt and returns
 the logits of each prompt's last position, `decode` feeds every live sequence its next token (all of them, in the
-order they joined) and returns the next logits, `release` takes the sequences that are done, `clear` forgets every
-sequence (after a failure), `refresh` follows new weights loaded into the model. `counters` holds the prefill
-tokens computed and the prompt tokens reused from earlier requests.
+order they joined; the fast runner also a draft of the tokens after it, see engine.py) and returns the next logits,
+`release` takes the sequences that are done, `clear` forgets every sequence (after a failure), `refresh` follows new
+weights loaded into the model. `counters` holds the prefill tokens computed and the prompt tokens reused from
+earlier requests.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Runner(Protocol):
 
     def prefill(self, prompts: list[list[int]]) -> tuple[list[Any], torch.Tensor]: ...
 
-    def decode(self, seqs: list[Any], tokens: list[int]) -> torch.Tensor: ...
+    def decode(self, seqs: list[Any], tokens: list[int], drafts: list[list[int]] | None = None) -> torch.Tensor: ...
 
     def release(self, seqs: list[Any]) -> None: ...
 
