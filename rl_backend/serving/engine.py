@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .detok import TextTracker
-from .drafts import DRAFT_ROWS, lookup
+from .drafts import DRAFT_ROWS, LONGEST_DRAFT, lookup
 from .drafts import enabled as drafts_enabled
 from .handoff import LoopPost
 from .linear import Precision
@@ -447,7 +447,7 @@ class Engine:
             return None
         drafts: list[list[int]] = []
         for r in rows:
-            limit = min(room, r.max_new - r.generated - 1)
+            limit = min(room, LONGEST_DRAFT, r.max_new - r.generated - 1)
             draft = lookup([*r.seq.tokens, r.last], limit) if r.params.greedy and limit > 0 else []
             room -= len(draft)
             drafts.append(draft)
